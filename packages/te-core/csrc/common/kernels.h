@@ -1,0 +1,103 @@
+// The kernel interface both backends implement: te::cpu (csrc/cpu/, the reference) and te::cuda
+// (csrc/cuda/). The C entry points in csrc/api/ validate every descriptor first, so a kernel may
+// assume: pointers marked required are non-null, dtypes are the ones listed, shapes agree, all
+// pointers are on one device and aligned to their element size. A kernel does no validation; it
+// throws te::Error only for failures it alone can see (a CUDA launch error).
+//
+// Matrices are row-major: `rows` = numel / cols, `cols` = the source's last dimension.
+// `stream` is a cudaStream_t for te::cuda and unused by te::cpu.
+#pragma once
+
+#include <cstdint>
+
+namespace te {
+
+// Source element types: TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16 or TE_DTYPE_BFLOAT16.
+// FP8 element types: TE_DTYPE_FLOAT8_E4M3 or TE_DTYPE_FLOAT8_E5M2.
+
+// Per-tensor FP8 quantization (delayed or current scaling), with an optional fused transpose.
+struct PerTensorQuantizeArgs {
+  const void* input;        // [rows, cols], in_dtype
+  int32_t in_dtype;
+  int64_t rows, cols;
+  int32_t out_dtype;        // FP8
+  void* rowwise;            // [rows, cols] or nullptr
+  void* columnwise;         // [cols, rows] or nullptr (the transposed copy)
+  float* rowwise_scale_inv;     // [1] or nullptr: written with 1 / scale
+  float* columnwise_scale_inv;  // [1] or nullptr: written with 1 / scale
+  float* amax;              // [1]; delayed: nullptr or max-accumulated (NaN propagates);
+                            // current: required, written (or read, if use_existing_amax)
+  float* scale;             // [1]; delayed: required, read; current: nullptr or written
+  bool current;             // compute the scale from this tensor's amax
+  bool use_existing_amax;   // current only: read *amax instead of computing it
+  bool force_pow2_scales;
+  float amax_epsilon;
+};
+
+// Float8BlockScaling: 1x128 (block_dim 1) or 128x128 (block_dim 2) blocks, fp32 scales.
+// Scale layouts (te/tensor.h): row-wise scale_inv[j][i] for row i (1-D) or row-block i (2-D) and
+// column-block j, stride rowwise_scale_ld between j's; column-wise scale_inv[j][i] for column i
+// of the source (1-D; that is row i of the transposed copy) or column-block i (2-D) and
+// row-block j, stride columnwise_scale_ld. Padding is never written.
+struct BlockQuantizeArgs {
+  const void* input;        // [rows, cols], in_dtype
+  int32_t in_dtype;
+  int64_t rows, cols;
+  int32_t out_dtype;        // FP8
+  int32_t block_dim;        // 1 or 2
+  void* rowwise;            // [rows, cols] or nullptr
+  float* rowwise_scale_inv; // required iff rowwise
+  int64_t rowwise_scale_ld;
+  void* columnwise;         // [cols, rows] or nullptr
+  float* columnwise_scale_inv;  // required iff columnwise
+  int64_t columnwise_scale_ld;
+  bool force_pow2_scales;
+  float amax_epsilon;
+};
+
+struct DequantizeArgs {
+  int32_t scaling_mode;     // TE_SCALING_PER_TENSOR, _BLOCK_1D or _BLOCK_2D
+  const void* data;         // FP8; [rows, cols], or [cols, rows] if transposed
+  int32_t data_dtype;
+  bool transposed;          // data is the column-wise copy
+  const float* scale_inv;   // [1] or the block layout of that copy
+  int64_t scale_ld;         // leading dimension of a block scale_inv
+  int64_t rows, cols;       // the source's matrix shape
+  void* output;             // [rows, cols], out_dtype (fp32/fp16/bf16)
+  int32_t out_dtype;
+};
+
+// Delayed-scaling update (te/recipe.h); scaled_max = fp8_max * 2^-margin, computed by the caller
+// on the host so both backends use the same value.
+struct DelayedScalingEntry {
+  float* amax_history;      // [history_len, num]
+  float* scale;             // [num]
+  int64_t history_len;
+  int64_t num;
+};
+
+// Each kernel exists in both namespaces with the same signature.
+#define TE_DECLARE_KERNELS                                                                     \
+  void amax(const void* input, int32_t in_dtype, int64_t numel, float* amax, void* stream);     \
+  void quantize_per_tensor(const PerTensorQuantizeArgs& args, void* stream);                    \
+  void quantize_block(const BlockQuantizeArgs& args, void* stream);                             \
+  void dequantize(const DequantizeArgs& args, void* stream);                                    \
+  void transpose(const void* input, void* output, int64_t rows, int64_t cols,                   \
+                 int32_t elem_bytes, void* stream);                                             \
+  void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count,              \
+                              float scaled_max, int32_t amax_compute_algo, void* stream);
+
+namespace cpu {
+TE_DECLARE_KERNELS
+}
+namespace cuda {
+TE_DECLARE_KERNELS
+// Whether a usable CUDA device and driver are present (cached after the first call).
+bool available();
+// Makes `device` current for this thread for the rest of the call.
+void set_device(int32_t device);
+}
+
+#undef TE_DECLARE_KERNELS
+
+}  // namespace te

@@ -1,0 +1,35 @@
+/* te C API: scaling-recipe state updates.
+ *
+ * Delayed scaling keeps, per quantized tensor role, an amax history and a scale. Quantizations of
+ * a step write their amax into history[0]; once per step this update turns the histories into the
+ * next step's scales. Run any cross-rank all-reduce (max) of history[0] before calling it. */
+#ifndef TE_RECIPE_H_
+#define TE_RECIPE_H_
+
+#include "te/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum te_amax_compute_algo {
+  TE_AMAX_COMPUTE_MAX = 0,        /* amax = max over the whole history window */
+  TE_AMAX_COMPUTE_MOST_RECENT = 1 /* amax = history[0], this step's */
+} te_amax_compute_algo;
+
+/* For each i < count: amax_histories[i] is fp32 [L] or [L, N] (L >= 1 steps, N tensors) and
+ * scales[i] is fp32 [N] ([1] for a 1-D history). Per column:
+ *   amax  = max(history) or history[0] (algo);
+ *   scale = (fp8_max * 2^-margin) / amax, kept unchanged if amax is 0, inf or NaN, FLT_MAX if inf;
+ *   then the history rolls by one: new[j] = old[j+1], new[L-1] = old[0], and new[0] = 0.
+ * One CUDA launch covers many tensors. Histories may differ in L and N; all tensors share one
+ * device. */
+TE_API te_status te_delayed_scaling_update(te_tensor* amax_histories, te_tensor* scales,
+                                           int64_t count, float fp8_max, float margin,
+                                           int32_t amax_compute_algo, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_RECIPE_H_ */
