@@ -92,8 +92,9 @@ TE_DECLARE_KERNELS
 }
 namespace cuda {
 TE_DECLARE_KERNELS
-// Whether a usable CUDA device and driver are present (cached after the first call).
-bool available();
+// Number of usable CUDA devices: 0 without a GPU or driver (cached after the first call).
+int32_t device_count();
+inline bool available() { return device_count() > 0; }
 // Makes `device` current for this thread for the rest of the call.
 void set_device(int32_t device);
 }

@@ -5,6 +5,7 @@
 
 #include "te/status.h"
 #include "te/tensor.h"
+#include "te/device.h"
 #include "te/quantize.h"
 #include "te/recipe.h"
 

@@ -1,0 +1,42 @@
+// Delayed-scaling update (te/recipe.h, NUMERICS.md), for each entry's history [L, N] (row j is
+// step j, element (j, n) at j * N + n):
+//   amax[n]  = max over history[:, n] (NaN propagates) for algo 0, history[0, n] for algo 1;
+//   scale[n] = delayed_scale_from_amax(amax[n], scaled_max, scale[n]);
+//   then the rows roll by one, new[j] = old[j + 1], new[L - 1] = old[0], and new[0] = 0.
+// Rows are walked in memory order and the roll moves whole rows.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/kernels.h"
+#include "common/scaling.h"
+#include "te/recipe.h"
+
+namespace te {
+namespace cpu {
+
+void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, float scaled_max,
+                            int32_t amax_compute_algo, void* /*stream*/) {
+  for (int64_t i = 0; i < count; ++i) {
+    float* history = entries[i].amax_history;
+    const int64_t len = entries[i].history_len, num = entries[i].num;
+
+    std::vector<float> first(history, history + num);
+    std::vector<float> window_amax = first;
+    if (amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
+      for (int64_t j = 1; j < len; ++j)
+        for (int64_t n = 0; n < num; ++n)
+          window_amax[n] = nan_max(window_amax[n], history[j * num + n]);
+    }
+    for (int64_t n = 0; n < num; ++n)
+      entries[i].scale[n] =
+          delayed_scale_from_amax(window_amax[n], scaled_max, entries[i].scale[n]);
+
+    std::copy(history + num, history + len * num, history);
+    std::copy(first.begin(), first.end(), history + (len - 1) * num);
+    std::fill(history, history + num, 0.0f);
+  }
+}
+
+}  // namespace cpu
+}  // namespace te

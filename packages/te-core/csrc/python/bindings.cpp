@@ -1,0 +1,234 @@
+// te_core._C: the C API for Python, and nothing more. It takes raw pointers (ints), shapes, dtype
+// enums and stream handles; no framework type crosses it. The C layer validates everything, so
+// this file only converts and maps a failed status to a Python exception carrying
+// te_last_error()'s text: ValueError for bad arguments, NotImplementedError for what this build
+// or device cannot do, RuntimeError for CUDA failures.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "python/bindings.h"
+#include "te/te.h"
+
+namespace py = pybind11;
+
+namespace te::python {
+
+void check(te_status status) {
+  if (status == TE_SUCCESS) return;
+  const std::string message = te_last_error();
+  switch (status) {
+    case TE_ERROR_INVALID_ARGUMENT: throw py::value_error(message);
+    case TE_ERROR_UNSUPPORTED: throw NotImplementedErrorPy(message);
+    default: throw std::runtime_error(message);
+  }
+}
+
+namespace {
+
+te_tensor make_tensor(uintptr_t ptr, int32_t dtype, const std::vector<int64_t>& shape,
+                      int32_t device_type, int32_t device_index) {
+  if (shape.size() > TE_MAX_DIMS) {
+    throw py::value_error("shape: expected at most " + std::to_string(TE_MAX_DIMS) +
+                          " dims, got " + std::to_string(shape.size()));
+  }
+  te_tensor t{};
+  t.data = reinterpret_cast<void*>(ptr);
+  t.ndim = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+  t.dtype = dtype;
+  t.device = {device_type, device_index};
+  return t;
+}
+
+std::vector<int64_t> shape_of(const te_tensor& t) {
+  return std::vector<int64_t>(t.shape, t.shape + t.ndim);
+}
+
+te_tensor or_absent(const std::optional<te_tensor>& t) { return t ? *t : te_tensor{}; }
+
+void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+}  // namespace
+
+#ifndef TE_WITH_XLA_FFI
+void register_xla_ffi(py::module_& m) {
+  m.def("ffi_targets", [](const std::string&) -> py::dict {
+    throw NotImplementedErrorPy(
+        "this te-core was built without jaxlib's XLA FFI headers, so te_jax cannot call it; "
+        "install jaxlib, then rebuild te-core");
+  });
+}
+#endif
+
+}  // namespace te::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace te::python;
+  m.doc() = "te-core's C API (thin pybind11 layer; see te/te.h)";
+  m.attr("VERSION") = te_version();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const NotImplementedErrorPy& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    }
+  });
+  m.attr("BUILT_WITH_CUDA") = te_built_with_cuda() != 0;
+
+  py::enum_<te_dtype>(m, "DType")
+      .value("FLOAT32", TE_DTYPE_FLOAT32)
+      .value("FLOAT16", TE_DTYPE_FLOAT16)
+      .value("BFLOAT16", TE_DTYPE_BFLOAT16)
+      .value("FLOAT8_E4M3", TE_DTYPE_FLOAT8_E4M3)
+      .value("FLOAT8_E5M2", TE_DTYPE_FLOAT8_E5M2)
+      .value("FLOAT4_E2M1", TE_DTYPE_FLOAT4_E2M1)
+      .value("FLOAT8_E8M0", TE_DTYPE_FLOAT8_E8M0)
+      .value("INT32", TE_DTYPE_INT32)
+      .value("INT64", TE_DTYPE_INT64)
+      .value("UINT8", TE_DTYPE_UINT8);
+  py::enum_<te_scaling_mode>(m, "ScalingMode")
+      .value("PER_TENSOR", TE_SCALING_PER_TENSOR)
+      .value("BLOCK_1D", TE_SCALING_BLOCK_1D)
+      .value("BLOCK_2D", TE_SCALING_BLOCK_2D)
+      .value("MXFP8_1D", TE_SCALING_MXFP8_1D)
+      .value("NVFP4_1D", TE_SCALING_NVFP4_1D);
+  py::enum_<te_quantized_part>(m, "Part")
+      .value("ROWWISE_DATA", TE_PART_ROWWISE_DATA)
+      .value("ROWWISE_SCALE_INV", TE_PART_ROWWISE_SCALE_INV)
+      .value("COLUMNWISE_DATA", TE_PART_COLUMNWISE_DATA)
+      .value("COLUMNWISE_SCALE_INV", TE_PART_COLUMNWISE_SCALE_INV);
+  py::enum_<te_device_type>(m, "DeviceType")
+      .value("CPU", TE_DEVICE_CPU)
+      .value("CUDA", TE_DEVICE_CUDA);
+  py::enum_<te_amax_compute_algo>(m, "AmaxComputeAlgo")
+      .value("MAX", TE_AMAX_COMPUTE_MAX)
+      .value("MOST_RECENT", TE_AMAX_COMPUTE_MOST_RECENT);
+
+  py::class_<te_tensor>(m, "Tensor", "te_tensor: a dense row-major buffer (not owned)")
+      .def(py::init(&make_tensor), py::arg("ptr"), py::arg("dtype"), py::arg("shape"),
+           py::arg("device_type") = 0, py::arg("device_index") = 0)
+      .def_property(
+          "ptr", [](const te_tensor& t) { return reinterpret_cast<uintptr_t>(t.data); },
+          [](te_tensor& t, uintptr_t p) { t.data = reinterpret_cast<void*>(p); })
+      .def_readwrite("dtype", &te_tensor::dtype)
+      .def_property_readonly("shape", &shape_of)
+      .def_property_readonly("device_type", [](const te_tensor& t) { return t.device.type; })
+      .def_property_readonly("device_index", [](const te_tensor& t) { return t.device.index; });
+
+  py::class_<te_quantized_tensor>(m, "QuantizedTensor",
+                                  "te_quantized_tensor: row-wise/column-wise data and scales")
+      .def(py::init([](int32_t mode, std::optional<te_tensor> rowwise_data,
+                       std::optional<te_tensor> rowwise_scale_inv,
+                       std::optional<te_tensor> columnwise_data,
+                       std::optional<te_tensor> columnwise_scale_inv,
+                       std::optional<te_tensor> amax, std::optional<te_tensor> scale) {
+             te_quantized_tensor q = te_quantized_tensor_init(mode);
+             q.rowwise_data = or_absent(rowwise_data);
+             q.rowwise_scale_inv = or_absent(rowwise_scale_inv);
+             q.columnwise_data = or_absent(columnwise_data);
+             q.columnwise_scale_inv = or_absent(columnwise_scale_inv);
+             q.amax = or_absent(amax);
+             q.scale = or_absent(scale);
+             return q;
+           }),
+           py::arg("scaling_mode"), py::arg("rowwise_data") = py::none(),
+           py::arg("rowwise_scale_inv") = py::none(), py::arg("columnwise_data") = py::none(),
+           py::arg("columnwise_scale_inv") = py::none(), py::arg("amax") = py::none(),
+           py::arg("scale") = py::none())
+      .def_readwrite("scaling_mode", &te_quantized_tensor::scaling_mode)
+      .def_readwrite("rowwise_data", &te_quantized_tensor::rowwise_data)
+      .def_readwrite("rowwise_scale_inv", &te_quantized_tensor::rowwise_scale_inv)
+      .def_readwrite("columnwise_data", &te_quantized_tensor::columnwise_data)
+      .def_readwrite("columnwise_scale_inv", &te_quantized_tensor::columnwise_scale_inv)
+      .def_readwrite("amax", &te_quantized_tensor::amax)
+      .def_readwrite("scale", &te_quantized_tensor::scale);
+
+  py::class_<te_quant_config>(m, "QuantConfig", "te_quant_config")
+      .def(py::init([](bool compute_scale, bool use_existing_amax, bool force_pow2_scales,
+                       float amax_epsilon) {
+             te_quant_config c = te_quant_config_init();
+             c.compute_scale = compute_scale;
+             c.use_existing_amax = use_existing_amax;
+             c.force_pow2_scales = force_pow2_scales;
+             c.amax_epsilon = amax_epsilon;
+             return c;
+           }),
+           py::arg("compute_scale") = false, py::arg("use_existing_amax") = false,
+           py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f)
+      .def_readwrite("compute_scale", &te_quant_config::compute_scale)
+      .def_readwrite("use_existing_amax", &te_quant_config::use_existing_amax)
+      .def_readwrite("force_pow2_scales", &te_quant_config::force_pow2_scales)
+      .def_readwrite("amax_epsilon", &te_quant_config::amax_epsilon);
+
+  m.def(
+      "amax",
+      [](const te_tensor& input, te_tensor& amax, uintptr_t stream) {
+        check(te_amax(&input, &amax, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("amax"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "quantize",
+      [](const te_tensor& input, te_quantized_tensor& output,
+         const std::optional<te_quant_config>& config, uintptr_t stream) {
+        check(te_quantize(&input, &output, config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("config") = py::none(),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "dequantize",
+      [](const te_quantized_tensor& input, te_tensor& output, uintptr_t stream) {
+        check(te_dequantize(&input, &output, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "transpose",
+      [](const te_tensor& input, te_tensor& output, uintptr_t stream) {
+        check(te_transpose(&input, &output, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "delayed_scaling_update",
+      [](std::vector<te_tensor> amax_histories, std::vector<te_tensor> scales, float fp8_max,
+         float margin, int32_t amax_compute_algo, uintptr_t stream) {
+        if (amax_histories.size() != scales.size()) {
+          throw py::value_error("scales: expected one per amax history (" +
+                                std::to_string(amax_histories.size()) + "), got " +
+                                std::to_string(scales.size()));
+        }
+        check(te_delayed_scaling_update(amax_histories.data(), scales.data(),
+                                        static_cast<int64_t>(amax_histories.size()), fp8_max,
+                                        margin, amax_compute_algo, as_stream(stream)));
+      },
+      py::arg("amax_histories"), py::arg("scales"), py::arg("fp8_max"), py::arg("margin") = 0.0f,
+      py::arg("amax_compute_algo") = 0, py::arg("stream") = 0);
+  m.def(
+      "quantized_shape",
+      [](int32_t scaling_mode, int32_t part, const std::vector<int64_t>& shape) {
+        if (shape.size() > TE_MAX_DIMS) {
+          throw py::value_error("shape: expected at most " + std::to_string(TE_MAX_DIMS) +
+                                " dims, got " + std::to_string(shape.size()));
+        }
+        int64_t out[TE_MAX_DIMS];
+        int32_t ndim = 0;
+        check(te_quantized_shape(scaling_mode, part, shape.data(),
+                                 static_cast<int32_t>(shape.size()), out, &ndim));
+        return py::tuple(py::cast(std::vector<int64_t>(out, out + ndim)));
+      },
+      py::arg("scaling_mode"), py::arg("part"), py::arg("shape"));
+  m.def("last_error", &te_last_error);
+  m.def("cuda_device_count", [] {
+    int32_t count = 0;
+    check(te_cuda_device_count(&count));
+    return count;
+  });
+
+  register_xla_ffi(m);
+}
