@@ -5,6 +5,7 @@ and derived `QParams`/`MMParams` are TE's (NUMERICS.md gives the numerics each f
 Framework-free: stdlib dataclasses only, shared by te-torch and te-jax.
 
 Differences from TE, all deliberate:
+
 - Defaults that TE reads from `NVTE_*` environment variables are read when a recipe is
   constructed (TE: once, at import), and `TE_*` spellings of the same variables win over `NVTE_*`.
 - Invalid values raise ValueError/TypeError naming the field (TE: `assert`), also on assignment
@@ -86,15 +87,16 @@ def _check_mmparams(r: Recipe, require_split: bool = False) -> None:
 class DelayedScaling(Recipe):
     """Per-tensor scaling from an amax history (NUMERICS.md "DelayedScaling").
 
-    margin: scale = (fp8_max / amax) / 2**margin; a number >= 0 (powers of two of headroom).
-    fp8_format: Format.HYBRID (E4M3 forward, E5M2 gradients) or Format.E4M3.
-    amax_history_len: steps of amax history per tensor role, >= 1.
-    amax_compute_algo: "max" (over the history), "most_recent", or callable(history) -> amax.
-    scaling_factor_compute_algo: None (the rule above) or callable(amax, old_scale, fp8_max,
-        recipe) -> scale.
-    reduce_amax: all-reduce (max) amaxes across the amax reduction group before the update.
-    fp8_dpa / fp8_mha: FP8 attention core / also FP8 between QKV, attention and projection.
-    backward_override: only None is supported.
+    Attributes:
+        margin: scale = (fp8_max / amax) / 2**margin; a number >= 0 (powers of two of headroom).
+        fp8_format: Format.HYBRID (E4M3 forward, E5M2 gradients) or Format.E4M3.
+        amax_history_len: steps of amax history per tensor role, >= 1.
+        amax_compute_algo: "max" (over the history), "most_recent", or callable(history) -> amax.
+        scaling_factor_compute_algo: None (the rule above) or callable(amax, old_scale, fp8_max,
+            recipe) -> scale.
+        reduce_amax: all-reduce (max) amaxes across the amax reduction group before the update.
+        fp8_dpa / fp8_mha: FP8 attention core / also FP8 between QKV, attention and projection.
+        backward_override: only None is supported.
     """
 
     margin: int | float = 0
@@ -139,13 +141,14 @@ class DelayedScaling(Recipe):
 class Float8CurrentScaling(Recipe):
     """Per-tensor scaling from the tensor's own amax (NUMERICS.md "Float8CurrentScaling").
 
-    use_power_2_scales: round scales down to powers of two. Default from
-        TE_/NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES (0).
-    fp8_format: Format.HYBRID (default) or Format.E4M3.
-    fp8_gemm_fprop / _dgrad / _wgrad: split accumulation off / on / on.
-    amax_epsilon (keyword only, te): amax = max(amax, amax_epsilon) before the scale; >= 0.
-    fp8_quant_fwd_inp / _fwd_weight / _bwd_grad (derived): QParams(power_2_scale=
-        use_power_2_scales, amax_epsilon=amax_epsilon).
+    Attributes:
+        use_power_2_scales: round scales down to powers of two. Default from
+            ``TE_FP8_CURRENT_SCALING_POWER_2_SCALES`` (or ``NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES``) (0).
+        fp8_format: Format.HYBRID (default) or Format.E4M3.
+        fp8_gemm_fprop / _dgrad / _wgrad: split accumulation off / on / on.
+        amax_epsilon (keyword only, te): amax = max(amax, amax_epsilon) before the scale; >= 0.
+        fp8_quant_fwd_inp / _fwd_weight / _bwd_grad (derived): QParams(power_2_scale=
+            use_power_2_scales, amax_epsilon=amax_epsilon).
     """
 
     use_power_2_scales: bool = field(
@@ -193,17 +196,18 @@ class Float8CurrentScaling(Recipe):
 class Float8BlockScaling(Recipe):
     """FP8 with 1x128 / 128x128 block scales, DeepSeek-V3 style (NUMERICS.md "Float8BlockScaling").
 
-    use_f32_scales: keep fp32 scales as computed; default (False) rounds them down to powers of
-        two. Default from TE_/NVTE_FP8_BLOCK_SCALING_FP32_SCALES (0).
-    fp8_format: Format.E4M3 only.
-    x_block_scaling_dim / w_block_scaling_dim / grad_block_scaling_dim: 1 (1x128 blocks along a
-        row) or 2 (128x128 tiles) for inputs / weights / gradients. Each GEMM (fprop x*w, dgrad
-        dy*w, wgrad x^T*dy) may have at most one 2D operand.
-    fp8_gemm_*: split accumulation must stay on for all three GEMMs.
-    fp8_dpa / fp8_mha: must be False (no FP8 attention with block scaling).
-    amax_epsilon (keyword only, te): lower bound on each block's amax; >= 0.
-    fp8_quant_fwd_inp / _fwd_weight / _bwd_grad (derived): QParams(power_2_scale=
-        not use_f32_scales, amax_epsilon=amax_epsilon).
+    Attributes:
+        use_f32_scales: keep fp32 scales as computed; default (False) rounds them down to powers of
+            two. Default from ``TE_FP8_BLOCK_SCALING_FP32_SCALES`` (or ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES``) (0).
+        fp8_format: Format.E4M3 only.
+        x_block_scaling_dim / w_block_scaling_dim / grad_block_scaling_dim: 1 (1x128 blocks along a
+            row) or 2 (128x128 tiles) for inputs / weights / gradients. Each GEMM (fprop x*w, dgrad
+            dy*w, wgrad x^T*dy) may have at most one 2D operand.
+        fp8_gemm_*: split accumulation must stay on for all three GEMMs.
+        fp8_dpa / fp8_mha: must be False (no FP8 attention with block scaling).
+        amax_epsilon (keyword only, te): lower bound on each block's amax; >= 0.
+        fp8_quant_fwd_inp / _fwd_weight / _bwd_grad (derived): QParams(power_2_scale=
+            not use_f32_scales, amax_epsilon=amax_epsilon).
     """
 
     use_f32_scales: bool = field(default_factory=_flag("FP8_BLOCK_SCALING_FP32_SCALES"))
@@ -263,9 +267,10 @@ class Float8BlockScaling(Recipe):
 class MXFP8BlockScaling(Recipe):
     """OCP MXFP8: 1x32 / 32x1 blocks with E8M0 scales (NUMERICS.md "MXFP8BlockScaling").
 
-    margin: accepted for TE compatibility and ignored (a number >= 0).
-    fp8_format: Format.E4M3 (default; gradients E4M3 too) or Format.HYBRID.
-    enable_2d_quantization: weights use one scale per 32x32 block.
+    Attributes:
+        margin: accepted for TE compatibility and ignored (a number >= 0).
+        fp8_format: Format.E4M3 (default; gradients E4M3 too) or Format.HYBRID.
+        enable_2d_quantization: weights use one scale per 32x32 block.
     """
 
     margin: int | float = 0
@@ -289,17 +294,18 @@ class MXFP8BlockScaling(Recipe):
 class NVFP4BlockScaling(Recipe):
     """NVFP4: E2M1 elements, E4M3 scales per 16 elements, fp32 global scale (NUMERICS.md).
 
-    disable_rht / disable_stochastic_rounding / disable_2d_quantization / row_scaled_activation:
-        defaults from TE_/NVTE_NVFP4_DISABLE_RHT, _DISABLE_STOCHASTIC_ROUNDING,
-        _DISABLE_2D_QUANTIZATION, _ROW_SCALED_ACTIVATION (all 0).
-    nvfp4_4over6: 'none', 'weights', 'activations' or 'all' (env NVFP4_4OVER6, default 'none').
-    nvfp4_4over6_e4m3_use_256: same choices (env NVFP4_4OVER6_E4M3_USE_256, default 'all').
-    nvfp4_4over6_err_mode: 'MAE' or 'MSE' (env NVFP4_4OVER6_ERR_MODE, upper-cased; default 'MAE').
-    fp4_format: Format.E2M1 only. fp8_format: Format.E4M3 only (the block-scale format).
-    fp4_quant_fwd_inp (derived): QParams(random_hadamard_transform=not disable_rht).
-    fp4_quant_fwd_weight (derived): QParams(fp4_2d_quantization=not disable_2d_quantization).
-    fp4_quant_bwd_grad (derived): QParams(random_hadamard_transform=not disable_rht,
-        stochastic_rounding=not disable_stochastic_rounding).
+    Attributes:
+        disable_rht / disable_stochastic_rounding / disable_2d_quantization / row_scaled_activation:
+            defaults from ``TE_NVFP4_DISABLE_RHT`` (or ``NVTE_NVFP4_DISABLE_RHT``), _DISABLE_STOCHASTIC_ROUNDING,
+            _DISABLE_2D_QUANTIZATION, _ROW_SCALED_ACTIVATION (all 0).
+        nvfp4_4over6: 'none', 'weights', 'activations' or 'all' (env NVFP4_4OVER6, default 'none').
+        nvfp4_4over6_e4m3_use_256: same choices (env NVFP4_4OVER6_E4M3_USE_256, default 'all').
+        nvfp4_4over6_err_mode: 'MAE' or 'MSE' (env NVFP4_4OVER6_ERR_MODE, upper-cased; default 'MAE').
+        fp4_format: Format.E2M1 only. fp8_format: Format.E4M3 only (the block-scale format).
+        fp4_quant_fwd_inp (derived): QParams(random_hadamard_transform=not disable_rht).
+        fp4_quant_fwd_weight (derived): QParams(fp4_2d_quantization=not disable_2d_quantization).
+        fp4_quant_bwd_grad (derived): QParams(random_hadamard_transform=not disable_rht,
+            stochastic_rounding=not disable_stochastic_rounding).
     """
 
     disable_rht: bool = field(default_factory=_flag("NVFP4_DISABLE_RHT"))
@@ -378,8 +384,9 @@ class NVFP4BlockScaling(Recipe):
 class CustomRecipe(Recipe):
     """Experimental: quantizers come from a user factory, `qfactory(role) -> quantizer | request`.
 
-    fp8_format: read by internals (dtype and backend choice), not by the factory's quantizers.
-    quantization_alignment: row alignment (elements) the factory's quantizers need; an int >= 1.
+    Attributes:
+        fp8_format: read by internals (dtype and backend choice), not by the factory's quantizers.
+        quantization_alignment: row alignment (elements) the factory's quantizers need; an int >= 1.
     """
 
     qfactory: Callable[..., Any]

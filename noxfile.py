@@ -1,0 +1,86 @@
+"""Every build, test, docs, lint and demo entry point of te (`nox -l` lists them).
+
+The README's test command is `nox -s tests`: it builds te-core (CPU backend plus the CUDA kernels
+for TE_CUDA_ARCHS, default 90a, so a CUDA compile error fails CI even without a GPU), builds the
+other three wheels, installs all four into a fresh virtual environment and runs the suite.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+DIST = ROOT / "dist"
+PACKAGES = ("te-cpp-headers", "te-core", "te-torch", "te-jax")
+BUILD_DEPS = ("hatchling>=1.20", "cmake>=3.26", "ninja", "pybind11>=2.12", "jaxlib>=0.5")
+# torch 2.13.0 is the CPU build CI machines carry on disk; other versions download CUDA wheels.
+TORCH = os.environ.get("TE_TORCH_SPEC", "torch==2.13.0")
+TEST_DEPS = ("pytest", "numpy", "ml_dtypes", TORCH, "jax", "flax")
+CPU_SUITE = ("tests/core", "tests/torch", "tests/jax", "tests/cpp", "tests/gpu")
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _build_wheels(session: nox.Session) -> list[Path]:
+    """Builds the four wheels into dist/ (no build isolation: the session holds the build deps)."""
+    session.install(*BUILD_DEPS)
+    DIST.mkdir(exist_ok=True)
+    for old in DIST.glob("te_*.whl"):
+        old.unlink()
+    env = {"TE_CUDA_ARCHS": os.environ.get("TE_CUDA_ARCHS", "90a")}
+    for package in PACKAGES:
+        session.run(
+            "python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(DIST),
+            str(ROOT / "packages" / package), env=env,
+        )
+    return sorted(DIST.glob("te_*.whl"))
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Four wheels into dist/: te-cpp-headers, te-core (CMake via hatchling), te-torch, te-jax."""
+    wheels = _build_wheels(session)
+    session.log("built: " + ", ".join(w.name for w in wheels))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Builds and installs the four packages, then runs the CPU suite (GPU tests skip loudly)."""
+    wheels = _build_wheels(session)
+    session.install(*TEST_DEPS)
+    session.install("--no-deps", "--force-reinstall", *map(str, wheels))
+    session.run("python", "-m", "pytest", "-ra", *(session.posargs or CPU_SUITE))
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """What ci/gpu.sh runs on the H200: GPU tests and benchmarks, results into $TE_GPU_OUT."""
+    session.run("bash", str(ROOT / "ci" / "gpu.sh"), external=True)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Sphinx site into docs/_build/html; warnings are errors."""
+    session.install("sphinx")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over all Python."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Quantizes with every recipe te implements and prints the error and speed of each."""
+    wheels = _build_wheels(session)
+    session.install("numpy", TORCH, "jax")
+    session.install("--no-deps", "--force-reinstall", *map(str, wheels))
+    session.run("python", str(ROOT / "examples" / "quantize_demo.py"))
