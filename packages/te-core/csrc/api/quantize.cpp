@@ -107,8 +107,11 @@ void quantize(const te_tensor* input, te_quantized_tensor* output, const te_quan
     a.out_dtype = out_dtype;
     a.rowwise = output->rowwise_data.data;
     a.columnwise = output->columnwise_data.data;
-    a.rowwise_scale_inv = static_cast<float*>(output->rowwise_scale_inv.data);
-    a.columnwise_scale_inv = static_cast<float*>(output->columnwise_scale_inv.data);
+    // A copy's scale_inv was validated only if the copy is present; never pass it otherwise.
+    a.rowwise_scale_inv =
+        rowwise ? static_cast<float*>(output->rowwise_scale_inv.data) : nullptr;
+    a.columnwise_scale_inv =
+        columnwise ? static_cast<float*>(output->columnwise_scale_inv.data) : nullptr;
     a.current = cfg.compute_scale != 0;
     a.use_existing_amax = cfg.use_existing_amax != 0;
     a.force_pow2_scales = cfg.force_pow2_scales != 0;
@@ -143,10 +146,11 @@ void quantize(const te_tensor* input, te_quantized_tensor* output, const te_quan
   a.out_dtype = out_dtype;
   a.block_dim = mode == TE_SCALING_BLOCK_1D ? 1 : 2;
   a.rowwise = output->rowwise_data.data;
-  a.rowwise_scale_inv = static_cast<float*>(output->rowwise_scale_inv.data);
+  a.rowwise_scale_inv = rowwise ? static_cast<float*>(output->rowwise_scale_inv.data) : nullptr;
   a.rowwise_scale_ld = rowwise ? output->rowwise_scale_inv.shape[1] : 0;
   a.columnwise = output->columnwise_data.data;
-  a.columnwise_scale_inv = static_cast<float*>(output->columnwise_scale_inv.data);
+  a.columnwise_scale_inv =
+      columnwise ? static_cast<float*>(output->columnwise_scale_inv.data) : nullptr;
   a.columnwise_scale_ld = columnwise ? output->columnwise_scale_inv.shape[1] : 0;
   a.force_pow2_scales = cfg.force_pow2_scales != 0;
   a.amax_epsilon = cfg.amax_epsilon;

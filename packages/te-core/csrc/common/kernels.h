@@ -35,10 +35,12 @@ struct PerTensorQuantizeArgs {
 };
 
 // Float8BlockScaling: 1x128 (block_dim 1) or 128x128 (block_dim 2) blocks, fp32 scales.
-// Scale layouts (te/tensor.h): row-wise scale_inv[j][i] for row i (1-D) or row-block i (2-D) and
-// column-block j, stride rowwise_scale_ld between j's; column-wise scale_inv[j][i] for column i
-// of the source (1-D; that is row i of the transposed copy) or column-block i (2-D) and
-// row-block j, stride columnwise_scale_ld. Padding is never written.
+// Scale layouts (te/tensor.h), with ld = rowwise_scale_ld / columnwise_scale_ld:
+//   1-D row-wise    scale_inv[col_block * ld + row]
+//   1-D column-wise scale_inv[row_block * ld + col]   (col: row of the transposed copy)
+//   2-D row-wise    scale_inv[row_tile * ld + col_tile]
+//   2-D column-wise scale_inv[col_tile * ld + row_tile] (the same tile scales, transposed)
+// Padding is never written.
 struct BlockQuantizeArgs {
   const void* input;        // [rows, cols], in_dtype
   int32_t in_dtype;

@@ -1,0 +1,310 @@
+// The 128x128-tile quantize kernel behind every quantization that writes a column-wise
+// (transposed) copy: per-tensor cast-transpose (quantize_per_tensor.cu) and Float8BlockScaling
+// 1x128 / 128x128 (quantize_block.cu). One read of the input writes both copies.
+//
+// Contract: input [rows, cols] fp32/fp16/bf16 row-major; rowwise [rows, cols] and columnwise
+// [cols, rows] FP8 (either may be absent); q = convert(x * scale) with one fp32 multiply and a
+// saturating round-to-nearest-even conversion, scale_inv = 1 / scale. Any shape: edge tiles load
+// zeros outside the matrix (zeros never raise a max) and store only valid elements. Wide accesses
+// are used only where pointer and row pitch allow (flags computed on the host); else scalar.
+//
+// Layout of work (256 threads, 8 warps): thread (g = tid % 8, tr = tid / 8) owns source rows
+// 4*tr .. 4*tr+3 of the tile and columns 8g..8g+7 and 64+8g..64+8g+7, i.e. 4 x 16 elements held
+// as loaded (packed for 16-bit types). Each load instruction of a warp reads four 128-byte row
+// segments, so loads are fully coalesced; row-wise stores are 64-byte segments (whole sectors).
+// For the transposed copy each thread packs, per column, its 4 consecutive-row bytes into one
+// word, writes the word to a 128 x 32-word shared tile, and after a barrier every thread reads
+// 16-byte groups back along the tile's columns, so each transposed row (128 source rows = 128
+// bytes) is written as one full line with 16-byte stores. The 16-byte groups of a shared row are
+// XOR-swizzled by (column / 8) % 8, which makes both the word writes and the 16-byte reads free of
+// bank conflicts without padding (padding would break 16-byte alignment of the reads).
+//
+// Why 128x128: it is the 2-D block of Float8BlockScaling, and a multiple of the 1x128 block in both
+// directions, so a 1-D tile's row blocks and column blocks are both complete inside one CTA (row
+// amax: a shuffle across the 8 lanes sharing a row; column amax: shuffles across the 4 lanes
+// sharing a column in a warp, then across the 8 warps through shared memory).
+#pragma once
+
+#include "cuda/cuda_utils.cuh"
+
+namespace te {
+namespace cuda {
+namespace tile {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 128;
+
+enum Mode : int { kPerTensor = 0, kBlock1D = 1, kBlock2D = 2 };
+
+struct Params {
+  const void* input;
+  int64_t rows, cols;
+  int64_t tiles_c;  // ceil(cols / 128)
+  uint8_t* rowwise;
+  uint8_t* columnwise;
+  float* rowwise_scale_inv;
+  int64_t rowwise_scale_ld;
+  float* columnwise_scale_inv;
+  int64_t columnwise_scale_ld;
+  // kPerTensor only.
+  const float* scale;    // delayed: the scale to use
+  const float* amax_in;  // current: the amax to derive the scale from
+  float* amax_out;       // delayed: max-accumulated if non-null
+  float* scale_out;      // current: written if non-null
+  bool current;
+  bool reverse;  // walk tiles last-first (current scaling: the amax pass left the end in L2)
+  // Scale rule (current and block scaling).
+  bool pow2;
+  float eps;
+  // Wide-access permissions.
+  bool vec_in, vec_row, vec_col;
+};
+
+struct alignas(16) Smem {
+  uint32_t words[kTile][kTile / 4];  // transposed FP8 tile: [column][4-row word], swizzled
+  uint32_t colmax[kThreads / 32][kTile];
+  float colscale[kTile];
+  uint32_t scratch[kThreads / 32];
+};
+
+// The four words (columns k = 0..3 of row-bytes a0..a3, one byte per source row) of 4 rows.
+__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t (&w)[4]) {
+  const uint32_t lo01 = __byte_perm(a0, a1, 0x5140), lo23 = __byte_perm(a2, a3, 0x5140);
+  const uint32_t hi01 = __byte_perm(a0, a1, 0x7362), hi23 = __byte_perm(a2, a3, 0x7362);
+  w[0] = __byte_perm(lo01, lo23, 0x5410);
+  w[1] = __byte_perm(lo01, lo23, 0x7632);
+  w[2] = __byte_perm(hi01, hi23, 0x5410);
+  w[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// Writes the thread's 4x16 block of FP8 bytes (q[i][h]: row i, columns 64h+8g..+7) into the
+// shared transposed tile.
+__device__ __forceinline__ void stash_transposed(Smem& sm, const uint2 (&q)[4][2], int g, int tr) {
+  const int pos = tr ^ (g << 2);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t lo[4], hi[4];
+    transpose4x4(q[0][h].x, q[1][h].x, q[2][h].x, q[3][h].x, lo);
+    transpose4x4(q[0][h].y, q[1][h].y, q[2][h].y, q[3][h].y, hi);
+    const int c = 64 * h + 8 * g;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      sm.words[c + k][pos] = lo[k];
+      sm.words[c + 4 + k][pos] = hi[k];
+    }
+  }
+}
+
+// After a barrier: writes the shared transposed tile to out [cols, rows] (rows of 128 bytes).
+__device__ __forceinline__ void store_transposed(const Smem& sm, uint8_t* __restrict__ out,
+                                                 int64_t rows, int64_t cols, int64_t r0,
+                                                 int64_t c0, bool vec) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < kTile / (kThreads / 8); ++it) {
+    const int c = it * (kThreads / 8) + (tid >> 3);
+    const int pq = tid & 7;
+    const int q = pq ^ ((c >> 3) & 7);
+    const int64_t gc = c0 + c, gr = r0 + 16 * q;
+    if (gc >= cols || gr >= rows) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(&sm.words[c][4 * pq]);
+    uint8_t* dst = out + gc * rows + gr;
+    if (vec && gr + 16 <= rows) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      const int64_t n = rows - gr;
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        if (k < n) dst[k] = static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4)));
+    }
+  }
+}
+
+__device__ __forceinline__ void store_row8(uint8_t* __restrict__ dst, uint2 q, int64_t valid,
+                                           bool vec) {
+  if (vec && valid >= 8) {
+    *reinterpret_cast<uint2*>(dst) = q;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) dst[k] = static_cast<uint8_t>((k < 4 ? q.x : q.y) >> (8 * (k % 4)));
+  }
+}
+
+template <typename T, int kFmt, int kMode>
+__global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Params p) {
+  __shared__ Smem sm;
+  constexpr float kMax = kFmt == TE_DTYPE_FLOAT8_E4M3 ? 448.0f : 57344.0f;
+  const int tid = threadIdx.x, g = tid & 7, tr = tid >> 3, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t ti = t / p.tiles_c, tj = t % p.tiles_c;
+  const int64_t r0 = ti * kTile, c0 = tj * kTile;
+  const int64_t rows = p.rows, cols = p.cols;
+  const T* in = static_cast<const T*>(p.input);
+
+  // ---- load the thread's 4 x 16 elements (all loads issued before any use)
+  Raw8<T> x[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
+      if (r < rows && c < cols) {
+        const T* src = in + r * cols + c;
+        if (p.vec_in && c + 8 <= cols) {
+          x[i][h].load_vec(src);
+        } else {
+          x[i][h].load_scalar(src, static_cast<int>(cols - c < 8 ? cols - c : 8));
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < Raw8<T>::kWords; ++w) x[i][h].w[w] = 0;
+      }
+    }
+  }
+
+  // ---- scales
+  float srow[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // row-wise copy, per row i
+  float scol[2][8];                           // column-wise copy (1-D only), per column (h, k)
+  if constexpr (kMode == kPerTensor) {
+    const float s = p.current ? compute_scale_from_amax(*p.amax_in, kMax, p.pow2, p.eps) : *p.scale;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) srow[i] = s;
+    if (p.amax_out != nullptr) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
+      m = block_max<kThreads>(m, sm.scratch);
+      if (tid == 0) atomic_max_amax(p.amax_out, canonical_amax_bits<T>(m));
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+      const float s_inv = 1.0f / s;
+      if (p.current && p.scale_out != nullptr) *p.scale_out = s;
+      if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
+      if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
+    }
+  } else if constexpr (kMode == kBlock2D) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
+    m = block_max<kThreads>(m, sm.scratch);
+    const float s = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) srow[i] = s;
+    if (tid == 0) {
+      const float s_inv = 1.0f / s;
+      if (p.rowwise != nullptr) p.rowwise_scale_inv[ti * p.rowwise_scale_ld + tj] = s_inv;
+      if (p.columnwise != nullptr) p.columnwise_scale_inv[tj * p.columnwise_scale_ld + ti] = s_inv;
+    }
+  } else {  // kBlock1D
+    if (p.rowwise != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        srow[i] = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+        const int64_t r = r0 + 4 * tr + i;
+        if (g == 0 && r < rows) p.rowwise_scale_inv[tj * p.rowwise_scale_ld + r] = 1.0f / srow[i];
+      }
+    }
+    if (p.columnwise != nullptr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          uint32_t m = 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) m = max(m, abs_bits(x[i][h].get(k)));
+          m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+          m = max(m, __shfl_xor_sync(0xffffffffu, m, 16));
+          if (lane < 8) sm.colmax[warp][64 * h + 8 * g + k] = m;
+        }
+      }
+      __syncthreads();
+      if (tid < kTile) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) m = max(m, sm.colmax[w][tid]);
+        const float s = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+        sm.colscale[tid] = s;
+        if (c0 + tid < cols)
+          p.columnwise_scale_inv[ti * p.columnwise_scale_ld + c0 + tid] = 1.0f / s;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) scol[h][k] = sm.colscale[64 * h + 8 * g + k];
+    }
+  }
+
+  // ---- row-wise copy (and, where both copies share a scale, the bytes of the transposed one)
+  uint2 q[4][2];
+  const bool shared_q = kMode != kBlock1D;
+  if (p.rowwise != nullptr || (shared_q && p.columnwise != nullptr)) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        q[i][h] = quantize8<kFmt>(x[i][h], srow[i]);
+        const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
+        if (p.rowwise != nullptr && r < rows && c < cols)
+          store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
+      }
+    }
+  }
+
+  // ---- column-wise copy
+  if (p.columnwise != nullptr) {
+    if constexpr (kMode == kBlock1D) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) q[i][h] = quantize8<kFmt>(x[i][h], scol[h]);
+    }
+    stash_transposed(sm, q, g, tr);
+    __syncthreads();
+    store_transposed(sm, p.columnwise, rows, cols, r0, c0, p.vec_col);
+  }
+}
+
+// Fills the tiling and alignment fields of `p` and launches one CTA per 128x128 tile.
+template <int kMode>
+void launch(Params p, int32_t in_dtype, int32_t out_dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return;
+  const int64_t tiles_r = ceil_div(p.rows, kTile);
+  p.tiles_c = ceil_div(p.cols, kTile);
+  const int64_t tiles = tiles_r * p.tiles_c;
+  if (tiles > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "cast_tile_kernel: too many tiles");
+  dispatch_source(in_dtype, [&](auto in_tag) {
+    using T = decltype(in_tag);
+    p.vec_in = aligned(p.input, 16) && (p.cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+    p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
+    p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
+    dispatch_fp8(out_dtype, [&](auto fmt) {
+      cast_tile_kernel<T, decltype(fmt)::value, kMode>
+          <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      check_launch("cast_tile_kernel");
+    });
+  });
+}
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace te

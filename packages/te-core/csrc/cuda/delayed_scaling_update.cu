@@ -1,0 +1,107 @@
+// Delayed-scaling update (te/recipe.h, NUMERICS.md) for a batch of histories, one launch per 64
+// entries (one launch in practice: the entries travel by value in the kernel's parameter block).
+// Per column n of an entry's history [L, N] (element (j, n) at j * N + n):
+//   amax     = max over the column (NaN propagates; nan_max) or history[0] (most_recent);
+//   scale[n] = delayed_scale_from_amax(amax, scaled_max, scale[n]);
+//   roll:    new[j] = old[j + 1], new[L - 1] = old[0], then new[0] = 0.
+//
+// A CTA owns up to 32 columns of one entry (fewer when N is small, so a 1-D history of 1024 steps
+// still gets 256 threads along it). The roll is in place, so it walks the column in segments of
+// as many steps as the CTA has rows of threads: each thread reads old[j + 1], a barrier, then it
+// writes new[j]. A segment's writes (positions < j0 + rows) never touch what the next segment
+// reads (positions > j0 + rows), so one barrier per segment suffices; old[0] is read before the
+// first barrier and written back last.
+#include <cmath>
+
+#include "common/kernels.h"
+#include "cuda/cuda_utils.cuh"
+#include "te/recipe.h"
+
+namespace te {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxEntries = 64;
+
+struct UpdateParams {
+  DelayedScalingEntry entries[kMaxEntries];
+  int64_t block_start[kMaxEntries + 1];  // first CTA of each entry; [count] = total
+  int32_t count;
+  int32_t algo;
+  float scaled_max;
+};
+
+// Columns per CTA for an entry of N columns: the smallest power of two >= N, at most 32.
+__host__ __device__ inline int columns_per_block(int64_t num) {
+  int cw = 1;
+  while (cw < 32 && cw < num) cw *= 2;
+  return cw;
+}
+
+__global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const UpdateParams p) {
+  __shared__ float partial[kThreads];
+  const int64_t b = blockIdx.x;
+  int e = 0;
+  while (e + 1 < p.count && p.block_start[e + 1] <= b) ++e;
+  const DelayedScalingEntry entry = p.entries[e];
+  const int64_t len = entry.history_len, num = entry.num;
+  const int cw = columns_per_block(num), rows_per_step = kThreads / cw;
+  const int c = threadIdx.x % cw, r = threadIdx.x / cw;
+  const int64_t n = (b - p.block_start[e]) * cw + c;
+  const bool valid = n < num;
+  float* h = entry.amax_history;
+
+  const float first = (valid && r == 0) ? h[n] : 0.0f;
+  float m = r == 0 ? first : -INFINITY;  // -inf: the identity of nan_max
+  for (int64_t j0 = 0; j0 < len - 1; j0 += rows_per_step) {
+    const int64_t j = j0 + r;
+    const bool active = valid && j + 1 < len;
+    float v = 0.0f;
+    if (active) {
+      v = h[(j + 1) * num + n];
+      m = nan_max(m, v);
+    }
+    __syncthreads();
+    if (active) h[j * num + n] = v;
+  }
+
+  partial[threadIdx.x] = m;
+  __syncthreads();
+  if (valid && r == 0) {
+    float amax = first;
+    if (p.algo == TE_AMAX_COMPUTE_MAX) {
+      for (int k = 0; k < rows_per_step; ++k) amax = nan_max(amax, partial[k * cw + c]);
+    }
+    entry.scale[n] = delayed_scale_from_amax(amax, p.scaled_max, entry.scale[n]);
+    if (len > 1) h[(len - 1) * num + n] = first;
+    h[n] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, float scaled_max,
+                            int32_t amax_compute_algo, void* stream) {
+  for (int64_t base = 0; base < count; base += kMaxEntries) {
+    UpdateParams p{};
+    p.count = static_cast<int32_t>(count - base < kMaxEntries ? count - base : kMaxEntries);
+    p.algo = amax_compute_algo;
+    p.scaled_max = scaled_max;
+    int64_t blocks = 0;
+    for (int i = 0; i < p.count; ++i) {
+      p.entries[i] = entries[base + i];
+      p.block_start[i] = blocks;
+      const int64_t num = p.entries[i].num;
+      if (p.entries[i].history_len > 0 && num > 0) blocks += ceil_div(num, columns_per_block(num));
+    }
+    p.block_start[p.count] = blocks;
+    if (blocks == 0) continue;
+    if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "delayed_scaling_update_kernel: too many columns");
+    delayed_scaling_update_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, as_stream(stream)>>>(p);
+    check_launch("delayed_scaling_update_kernel");
+  }
+}
+
+}  // namespace cuda
+}  // namespace te

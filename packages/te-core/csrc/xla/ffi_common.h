@@ -1,0 +1,122 @@
+// Shared by te's XLA FFI handlers (te_jax's custom calls): the bridge from an XLA FFI call frame
+// to the C API's descriptors, and the per-platform binding.
+//
+// One handler body serves both platforms. It takes the te_device to put in every descriptor and
+// the stream to pass to the C API; the CPU binding supplies {CPU, 0} and no stream, the CUDA
+// binding XLA's stream (PlatformStream<void*>, so _C needs no CUDA header) and the device
+// ordinal XLA runs the computation on (DeviceOrdinal). The C API then dispatches on the
+// descriptors' device like any other caller's.
+//
+// Errors never cross XLA as exceptions: a failed te_status becomes an ffi::Error carrying
+// te_last_error()'s text (INVALID_ARGUMENT for bad arguments, UNIMPLEMENTED for what this build
+// or device cannot do, INTERNAL for CUDA failures), which jax raises as a JaxRuntimeError.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "te/te.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace te::xla_ffi {
+
+namespace ffi = ::xla::ffi;
+
+// The te dtype of an XLA element type, or -1 where te has none.
+inline int32_t te_dtype_of(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::F32: return TE_DTYPE_FLOAT32;
+    case ffi::DataType::F16: return TE_DTYPE_FLOAT16;
+    case ffi::DataType::BF16: return TE_DTYPE_BFLOAT16;
+    case ffi::DataType::F8E4M3FN: return TE_DTYPE_FLOAT8_E4M3;
+    case ffi::DataType::F8E5M2: return TE_DTYPE_FLOAT8_E5M2;
+    case ffi::DataType::F8E8M0FNU: return TE_DTYPE_FLOAT8_E8M0;
+    case ffi::DataType::F4E2M1FN: return TE_DTYPE_FLOAT4_E2M1;
+    case ffi::DataType::S32: return TE_DTYPE_INT32;
+    case ffi::DataType::S64: return TE_DTYPE_INT64;
+    case ffi::DataType::U8: return TE_DTYPE_UINT8;
+    default: return -1;
+  }
+}
+
+inline ffi::Error status_error(te_status status) {
+  const std::string message = te_last_error();
+  switch (status) {
+    case TE_ERROR_INVALID_ARGUMENT: return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);
+    case TE_ERROR_UNSUPPORTED: return ffi::Error(ffi::ErrorCode::kUnimplemented, message);
+    default: return ffi::Error(ffi::ErrorCode::kInternal, message);
+  }
+}
+
+// Describes `buffer` for the C API on `device`; `present` false gives the absent descriptor
+// (data NULL) the C API takes for an optional part. Fails only for what a te_tensor cannot
+// express (an element type te has no dtype for, more than TE_MAX_DIMS dims); everything else is
+// the C API's to check.
+inline ffi::Error describe(const ffi::AnyBuffer& buffer, const te_device& device, bool present,
+                           const char* name, te_tensor* out) {
+  *out = te_tensor{};
+  if (!present) return ffi::Error::Success();
+  const int32_t dtype = te_dtype_of(buffer.element_type());
+  if (dtype < 0) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string(name) + ": expected an element type te knows (f32, f16, bf16, "
+                      "f8e4m3fn, f8e5m2, ...), got XLA type " +
+                      std::to_string(static_cast<int>(buffer.element_type())));
+  }
+  const auto dims = buffer.dimensions();
+  if (dims.size() > TE_MAX_DIMS) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string(name) + ": expected at most " + std::to_string(TE_MAX_DIMS) +
+                      " dims, got " + std::to_string(dims.size()));
+  }
+  out->data = buffer.untyped_data();
+  out->ndim = static_cast<int32_t>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) out->shape[i] = dims[i];
+  out->dtype = dtype;
+  out->device = device;
+  return ffi::Error::Success();
+}
+
+inline ffi::Error describe(ffi::Result<ffi::AnyBuffer>& buffer, const te_device& device,
+                           bool present, const char* name, te_tensor* out) {
+  return describe(*buffer, device, present, name, out);
+}
+
+#define TE_FFI_RETURN_IF_ERROR(expr)                   \
+  do {                                                 \
+    ::xla::ffi::Error te_ffi_error_ = (expr);          \
+    if (te_ffi_error_.failure()) return te_ffi_error_; \
+  } while (0)
+
+// The two bindings a handler is defined with: the CPU one has no context, the CUDA one starts
+// with (stream, device ordinal).
+inline auto cpu_binding() { return ffi::Ffi::Bind(); }
+inline auto cuda_binding() {
+  return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>();
+}
+
+// Adapts a body `Error body(te_device, void* stream, args...)` to each binding's parameters.
+template <typename Body>
+auto on_cpu(Body body) {
+  return [body](auto... args) { return body(te_device{TE_DEVICE_CPU, 0}, nullptr, args...); };
+}
+template <typename Body>
+auto on_cuda(Body body) {
+  return [body](void* stream, int32_t ordinal, auto... args) {
+    return body(te_device{TE_DEVICE_CUDA, ordinal}, stream, args...);
+  };
+}
+
+}  // namespace te::xla_ffi
+
+// The handler symbols, defined in the ffi_*.cpp files beside this one and exported as PyCapsules
+// by ffi_targets.cpp.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_quantize_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_quantize_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dequantize_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dequantize_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_amax_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_amax_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cuda);
