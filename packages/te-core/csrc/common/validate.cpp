@@ -74,7 +74,11 @@ int32_t dtype_bits(int32_t dtype) {
   fail(TE_ERROR_INVALID_ARGUMENT, "dtype: expected a te_dtype value 0..9, got ", dtype);
 }
 
-bool present(const te_tensor& t) { return t.data != nullptr; }
+bool present(const te_tensor& t) {
+  // Frameworks give zero-size tensors a NULL pointer; a zeroed descriptor (ndim 0: one element,
+  // no data) is the "absent" one.
+  return t.data != nullptr || (t.ndim > 0 && numel(t) == 0);
+}
 
 void check_tensor(const te_tensor* t, const std::string& name) {
   TE_CHECK_ARG(t != nullptr, name, ": expected a tensor descriptor, got NULL");

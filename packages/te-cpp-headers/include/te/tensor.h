@@ -55,8 +55,9 @@ typedef struct te_device {
 
 /* A dense, row-major (C-contiguous) buffer. `shape` counts logical elements (for E2M1, elements,
  * not bytes). `data` must be aligned to the element size; te reads it with wider loads only where
- * the address allows. A descriptor with data == NULL means "absent" where an argument is optional.
- * Zero-size tensors are allowed: an op on them writes no elements. */
+ * the address allows. Where an argument is optional, a zeroed descriptor (data == NULL, ndim 0)
+ * means "absent". Zero-size tensors (a 0 in the shape) are allowed with any data pointer, NULL
+ * included: an op on them writes no elements. */
 typedef struct te_tensor {
   void* data;
   int64_t shape[TE_MAX_DIMS];

@@ -1,0 +1,9 @@
+"""tests/core runs with --import-mode=importlib (pyproject.toml), which does not put this folder on
+sys.path; the shared helpers _oracle.py and _buffers.py are imported from here."""
+
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+if _here not in sys.path:
+    sys.path.insert(0, _here)
