@@ -1,0 +1,272 @@
+"""Float8BlockwiseQTensor: FP8 with 1x128 or 128x128 block scales (Float8BlockScaling).
+
+For a source of logical shape [..., K] viewed as M = numel / K rows (te/tensor.h's table):
+
+    field                  1x128 blocks (is_2D_scaled False)   128x128 blocks (True)
+    _rowwise_data          FP8 [..., K]                        FP8 [..., K]
+    _rowwise_scale_inv     fp32 [ceil(K/128), roundup(M, 4)]   fp32 [ceil(M/128), roundup(ceil(K/128), 4)]
+    _columnwise_data       FP8 [K, M]                          FP8 [K, M]
+    _columnwise_scale_inv  fp32 [ceil(M/128), roundup(K, 4)]   fp32 [ceil(K/128), roundup(ceil(M/128), 4)]
+
+Scales are stored transposed with the leading dimension padded to a multiple of 4 (what
+cuBLASLt's block-scaled GEMM reads); the padding is never written or read. The 1x128 column-wise
+copy has its own 128x1 blocks along the original columns, quantized from the high-precision
+source, so it cannot be made from the row-wise copy; with 128x128 tiles it can (an exact
+transpose of the data and of the tile scales).
+"""
+
+from __future__ import annotations
+
+import torch
+from te_core import _C
+
+from te_torch import _kernels
+from te_torch._dtypes import check_fp8_dtype
+from te_torch._quantized_tensor import QuantizedTensor, aten, is_eager, shallow_or_clone
+
+_BLOCK_1D = int(_C.ScalingMode.BLOCK_1D)
+_BLOCK_2D = int(_C.ScalingMode.BLOCK_2D)
+_PART_CS = int(_C.Part.COLUMNWISE_SCALE_INV)
+_PART_RS = int(_C.Part.ROWWISE_SCALE_INV)
+_BLOCK = 128
+
+
+class Float8BlockwiseQTensor(QuantizedTensor):
+    """FP8 tensor with per-block fp32 scales. Built by Float8BlockQuantizer; see the module
+    docstring for the fields and layouts."""
+
+    _rowwise_data: torch.Tensor | None
+    _rowwise_scale_inv: torch.Tensor | None
+    _columnwise_data: torch.Tensor | None
+    _columnwise_scale_inv: torch.Tensor | None
+    _fp8_dtype: torch.dtype
+    _is_2D_scaled: bool
+    _quantizer: object
+
+    def __new__(
+        cls,
+        *,
+        shape: torch.Size | tuple[int, ...],
+        dtype: torch.dtype,
+        fp8_dtype: torch.dtype,
+        rowwise_data: torch.Tensor | None,
+        rowwise_scale_inv: torch.Tensor | None,
+        columnwise_data: torch.Tensor | None,
+        columnwise_scale_inv: torch.Tensor | None,
+        is_2D_scaled: bool,
+        quantizer: object = None,
+        requires_grad: bool = False,
+    ) -> Float8BlockwiseQTensor:
+        src = rowwise_data if rowwise_data is not None else columnwise_data
+        if src is None:
+            raise ValueError(
+                "Float8BlockwiseQTensor: rowwise_data and columnwise_data are both None; need one"
+            )
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=src.device, requires_grad=requires_grad
+        )
+        self._rowwise_data = rowwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_data = columnwise_data
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._fp8_dtype = fp8_dtype
+        self._is_2D_scaled = is_2D_scaled
+        self._quantizer = quantizer
+        return self
+
+    @property
+    def _mode(self) -> int:
+        return _BLOCK_2D if self._is_2D_scaled else _BLOCK_1D
+
+    def _like(self, rd, rs, cd, cs) -> Float8BlockwiseQTensor:
+        return Float8BlockwiseQTensor(
+            shape=self.shape,
+            dtype=self.dtype,
+            fp8_dtype=self._fp8_dtype,
+            rowwise_data=rd,
+            rowwise_scale_inv=rs,
+            columnwise_data=cd,
+            columnwise_scale_inv=cs,
+            is_2D_scaled=self._is_2D_scaled,
+            quantizer=self._quantizer,
+        )
+
+    def _parts(self):
+        return (
+            self._rowwise_data,
+            self._rowwise_scale_inv,
+            self._columnwise_data,
+            self._columnwise_scale_inv,
+        )
+
+    # -- numerics -------------------------------------------------------------------------------
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:  # type: ignore[override]
+        """x = q * scale_inv per block, as a new ``dtype`` tensor (default self.dtype) of
+        self.shape. Reads the row-wise copy if present, else the column-wise one."""
+        dtype = self.dtype if dtype is None else dtype
+        rd, rs, cd, cs = self._parts()
+        if is_eager(rd if rd is not None else cd):
+            return _kernels.dequantize(rd, rs, cd, cs, self._mode, self.shape, dtype)
+        return torch.ops.te.dequantize(rd, rs, cd, cs, self._mode, list(self.shape), dtype)
+
+    def quantize_(self, src: torch.Tensor) -> Float8BlockwiseQTensor:
+        """Quantizes ``src`` into this tensor in place with its quantizer (a Float8BlockQuantizer
+        with pow2 scales and this tensor's block dim if it has none)."""
+        quantizer = self._quantizer
+        if quantizer is None:
+            from te_torch._quantizers import Float8BlockQuantizer
+
+            quantizer = Float8BlockQuantizer(
+                self._fp8_dtype, block_scaling_dim=2 if self._is_2D_scaled else 1
+            )
+        quantizer.update_quantized(src, self)
+        return self
+
+    def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
+        """Drops a copy, or makes one from the other (128x128 tiles only: an exact transpose).
+
+        Raises RuntimeError when asked for a copy that 1x128 scaling cannot derive."""
+        want_row = (self._rowwise_data is not None) if rowwise_usage is None else rowwise_usage
+        want_col = (self._columnwise_data is not None) if columnwise_usage is None else columnwise_usage
+        if not want_row and not want_col:
+            raise ValueError(
+                "Float8BlockwiseQTensor.update_usage: rowwise_usage and columnwise_usage cannot "
+                "both be False (the tensor would hold no data)"
+            )
+        for want, have, which in (
+            (want_col, self._columnwise_data, "column-wise"),
+            (want_row, self._rowwise_data, "row-wise"),
+        ):
+            if want and have is None and not self._is_2D_scaled:
+                raise RuntimeError(
+                    f"Float8BlockwiseQTensor.update_usage: the {which} copy is missing and "
+                    "cannot be made from the other one with 1x128 block scaling (each copy has "
+                    "its own blocks, quantized from the high-precision source); quantize with "
+                    f"{'columnwise' if which == 'column-wise' else 'rowwise'}=True instead"
+                )
+        if want_col and self._columnwise_data is None:
+            self._columnwise_data, self._columnwise_scale_inv = self._transposed_2d(
+                self._rowwise_data, self._rowwise_scale_inv, _PART_CS
+            )
+        if want_row and self._rowwise_data is None:
+            data, scale_inv = self._transposed_2d(self._columnwise_data, self._columnwise_scale_inv, _PART_RS)
+            self._rowwise_data, self._rowwise_scale_inv = data.view(self.shape), scale_inv
+        if not want_row:
+            self._rowwise_data = self._rowwise_scale_inv = None
+        if not want_col:
+            self._columnwise_data = self._columnwise_scale_inv = None
+
+    def _transposed_2d(self, data, scale_inv, part):
+        # 128x128 tiles: the other copy is the data transposed, with tile scales transposed
+        # into the other padded layout (padding left unwritten, as the kernels do).
+        data_t = _kernels.transpose(data) if is_eager(data) else torch.ops.te.transpose(data)
+        shape = tuple(_C.quantized_shape(_BLOCK_2D, part, tuple(self.shape)))
+        k = self.shape[-1] if self.dim() else 1
+        m = self.numel() // k if k else 0
+        mb, kb = -(-m // _BLOCK), -(-k // _BLOCK)
+        rows, cols = (kb, mb) if part == _PART_CS else (mb, kb)
+        out = scale_inv.new_empty(shape)
+        out[:rows, :cols] = scale_inv[:cols, :rows].t()
+        return data_t, out
+
+    # -- torch integration ----------------------------------------------------------------------
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
+        def shape_of(t):
+            return None if t is None else tuple(t.shape)
+
+        return (
+            f"Float8BlockwiseQTensor(shape={tuple(self.shape)}, fp8_dtype={self._fp8_dtype}, "
+            f"dtype={self.dtype}, blocks={'128x128' if self._is_2D_scaled else '1x128'}, "
+            f"rowwise_scale_inv={shape_of(self._rowwise_scale_inv)}, "
+            f"columnwise_scale_inv={shape_of(self._columnwise_scale_inv)}, "
+            f"data={self.dequantize()})"
+        )
+
+    _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
+
+    def __tensor_flatten__(self):
+        names = [n for n in self._INNER if getattr(self, n) is not None]
+        return names, (self._fp8_dtype, self.dtype, self._is_2D_scaled)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        fp8_dtype, dtype, is_2d = ctx
+        return Float8BlockwiseQTensor(
+            shape=outer_size,
+            dtype=dtype,
+            fp8_dtype=fp8_dtype,
+            rowwise_data=inner.get("_rowwise_data"),
+            rowwise_scale_inv=inner.get("_rowwise_scale_inv"),
+            columnwise_data=inner.get("_columnwise_data"),
+            columnwise_scale_inv=inner.get("_columnwise_scale_inv"),
+            is_2D_scaled=is_2d,
+        )
+
+    def __reduce_ex__(self, protocol):
+        # The quantizer is not saved; a loaded tensor has none.
+        return (
+            _rebuild_blockwise_tensor,
+            (
+                tuple(self.shape),
+                self.dtype,
+                self._fp8_dtype,
+                *self._parts(),
+                self._is_2D_scaled,
+                self.requires_grad,
+            ),
+        )
+
+
+def _rebuild_blockwise_tensor(shape, dtype, fp8_dtype, rd, rs, cd, cs, is_2d, requires_grad):
+    return Float8BlockwiseQTensor(
+        shape=shape,
+        dtype=dtype,
+        fp8_dtype=check_fp8_dtype(fp8_dtype),
+        rowwise_data=rd,
+        rowwise_scale_inv=rs,
+        columnwise_data=cd,
+        columnwise_scale_inv=cs,
+        is_2D_scaled=is_2d,
+        requires_grad=requires_grad,
+    )
+
+
+# -- natively implemented ops ---------------------------------------------------------------------
+
+
+def _detach(func, args, kwargs):
+    return args[0]._like(*args[0]._parts())
+
+
+def _clone(func, args, kwargs):
+    return args[0]._like(*(shallow_or_clone(torch.clone, p) for p in args[0]._parts()))
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, Float8BlockwiseQTensor):
+        return NotImplemented
+    if (
+        isinstance(src, Float8BlockwiseQTensor)
+        and src.shape == dst.shape
+        and src._fp8_dtype == dst._fp8_dtype
+        and src._is_2D_scaled == dst._is_2D_scaled
+        and all(d is None or s is not None for d, s in zip(dst._parts(), src._parts(), strict=True))
+    ):  # same format: copy the bytes
+        for d, s in zip(dst._parts(), src._parts(), strict=True):
+            if d is not None:
+                d.copy_(s)
+        return dst
+    if isinstance(src, QuantizedTensor):
+        src = src.dequantize()
+    dst.quantize_(src)
+    return dst
+
+
+Float8BlockwiseQTensor._HANDLERS = {
+    aten.detach.default: _detach,
+    aten.clone.default: _clone,
+    aten.copy_.default: _copy_,
+}

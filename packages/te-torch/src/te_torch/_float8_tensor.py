@@ -1,0 +1,250 @@
+"""Float8Tensor: an FP8 tensor with one per-tensor scale (delayed or current scaling).
+
+Fields (TE's names): ``_data`` row-wise FP8 data with the logical shape [..., K];
+``_transpose`` the column-wise copy, FP8 [K, M] with M = numel / K (the transposed operand a
+Hopper TN GEMM needs); ``_scale_inv`` fp32 [1], the decode scale (x ~= q * scale_inv); either
+copy may be absent (None), not both. ``dtype`` is the high-precision dtype it was quantized from
+(what ``dequantize()`` returns by default); ``_fp8_dtype`` the FP8 element type.
+"""
+
+from __future__ import annotations
+
+import torch
+from te_core import _C
+
+from te_torch import _kernels
+from te_torch._dtypes import check_fp8_dtype
+from te_torch._quantized_tensor import QuantizedTensor, aten, is_eager, shallow_or_clone
+
+_PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
+
+
+class Float8Tensor(QuantizedTensor):
+    """FP8 tensor with a per-tensor scale. Built by Float8Quantizer /
+    Float8CurrentScalingQuantizer; see the module docstring for the fields and layouts."""
+
+    _data: torch.Tensor | None
+    _transpose: torch.Tensor | None
+    _scale_inv: torch.Tensor
+    _fp8_dtype: torch.dtype
+    _quantizer: object
+
+    def __new__(
+        cls,
+        *,
+        shape: torch.Size | tuple[int, ...],
+        dtype: torch.dtype,
+        data: torch.Tensor | None,
+        fp8_scale_inv: torch.Tensor,
+        fp8_dtype: torch.dtype,
+        data_transpose: torch.Tensor | None = None,
+        quantizer: object = None,
+        requires_grad: bool = False,
+    ) -> Float8Tensor:
+        src = data if data is not None else data_transpose
+        if src is None:
+            raise ValueError("Float8Tensor: data and data_transpose are both None; need one")
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=src.device, requires_grad=requires_grad
+        )
+        self._data = data
+        self._transpose = data_transpose
+        self._scale_inv = fp8_scale_inv
+        self._fp8_dtype = fp8_dtype
+        self._quantizer = quantizer
+        return self
+
+    def _like(self, data, transpose, scale_inv, requires_grad=False) -> Float8Tensor:
+        return Float8Tensor(
+            shape=self.shape,
+            dtype=self.dtype,
+            data=data,
+            fp8_scale_inv=scale_inv,
+            fp8_dtype=self._fp8_dtype,
+            data_transpose=transpose,
+            quantizer=self._quantizer,
+            requires_grad=requires_grad,
+        )
+
+    # -- numerics -------------------------------------------------------------------------------
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:  # type: ignore[override]
+        """x = q * scale_inv as a new ``dtype`` tensor (default: self.dtype) of self.shape.
+
+        Reads ``_data`` if present, else ``_transpose`` (transposed back)."""
+        dtype = self.dtype if dtype is None else dtype
+        src = self._data if self._data is not None else self._transpose
+        if is_eager(src):
+            return _kernels.dequantize(
+                self._data,
+                self._scale_inv,
+                self._transpose,
+                self._scale_inv,
+                _PER_TENSOR,
+                self.shape,
+                dtype,
+            )
+        return torch.ops.te.dequantize(
+            self._data,
+            self._scale_inv,
+            self._transpose,
+            self._scale_inv,
+            _PER_TENSOR,
+            list(self.shape),
+            dtype,
+        )
+
+    def quantize_(self, src: torch.Tensor) -> Float8Tensor:
+        """Quantizes ``src`` into this tensor in place with its quantizer (a current-scaling one
+        of the same FP8 dtype if it has none); both copies present are rewritten."""
+        quantizer = self._quantizer
+        if quantizer is None:
+            from te_torch._quantizers import Float8CurrentScalingQuantizer
+
+            quantizer = Float8CurrentScalingQuantizer(self._fp8_dtype, self.device)
+        quantizer.update_quantized(src, self)
+        return self
+
+    def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
+        """Makes (by an FP8 transpose, exact) or drops the row-wise / column-wise copy."""
+        want_row = (self._data is not None) if rowwise_usage is None else rowwise_usage
+        want_col = (self._transpose is not None) if columnwise_usage is None else columnwise_usage
+        if not want_row and not want_col:
+            raise ValueError(
+                "Float8Tensor.update_usage: rowwise_usage and columnwise_usage cannot both be "
+                "False (the tensor would hold no data)"
+            )
+        if want_col and self._transpose is None:
+            self._transpose = _transpose(self._data)
+        if want_row and self._data is None:
+            self._data = _transpose(self._transpose).view(self.shape)
+        if not want_row:
+            self._data = None
+        if not want_col:
+            self._transpose = None
+
+    # -- torch integration ----------------------------------------------------------------------
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
+        return (
+            f"Float8Tensor(shape={tuple(self.shape)}, fp8_dtype={self._fp8_dtype}, "
+            f"dtype={self.dtype}, scale_inv={self._scale_inv.item():.6g}, "
+            f"rowwise={self._data is not None}, columnwise={self._transpose is not None}, "
+            f"data={self.dequantize()})"
+        )
+
+    def __tensor_flatten__(self):
+        names = [n for n in ("_data", "_transpose", "_scale_inv") if getattr(self, n) is not None]
+        return names, (self._fp8_dtype, self.dtype)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        fp8_dtype, dtype = ctx
+        return Float8Tensor(
+            shape=outer_size,
+            dtype=dtype,
+            data=inner.get("_data"),
+            fp8_scale_inv=inner["_scale_inv"],
+            fp8_dtype=fp8_dtype,
+            data_transpose=inner.get("_transpose"),
+        )
+
+    def __reduce_ex__(self, protocol):
+        # The quantizer is not saved (it may own recipe state); a loaded tensor has none.
+        return (
+            _rebuild_float8_tensor,
+            (
+                tuple(self.shape),
+                self.dtype,
+                self._data,
+                self._scale_inv,
+                self._fp8_dtype,
+                self._transpose,
+                self.requires_grad,
+            ),
+        )
+
+
+def _rebuild_float8_tensor(shape, dtype, data, scale_inv, fp8_dtype, transpose, requires_grad):
+    return Float8Tensor(
+        shape=shape,
+        dtype=dtype,
+        data=data,
+        fp8_scale_inv=scale_inv,
+        fp8_dtype=check_fp8_dtype(fp8_dtype),
+        data_transpose=transpose,
+        requires_grad=requires_grad,
+    )
+
+
+def _transpose(data: torch.Tensor) -> torch.Tensor:
+    return _kernels.transpose(data) if is_eager(data) else torch.ops.te.transpose(data)
+
+
+# -- natively implemented ops ---------------------------------------------------------------------
+
+
+def _detach(func, args, kwargs):
+    t = args[0]
+    return t._like(t._data, t._transpose, t._scale_inv)
+
+
+def _clone(func, args, kwargs):
+    t = args[0]
+    return t._like(
+        shallow_or_clone(torch.clone, t._data),
+        shallow_or_clone(torch.clone, t._transpose),
+        t._scale_inv.clone(),
+    )
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, Float8Tensor):
+        return NotImplemented  # plain destination: the fallback dequantizes src
+    if (
+        isinstance(src, Float8Tensor)
+        and src.shape == dst.shape
+        and src._fp8_dtype == dst._fp8_dtype
+        and (dst._data is None or src._data is not None)
+        and (dst._transpose is None or src._transpose is not None)
+    ):  # same format: copy the bytes
+        if dst._data is not None:
+            dst._data.copy_(src._data)
+        if dst._transpose is not None:
+            dst._transpose.copy_(src._transpose)
+        dst._scale_inv.copy_(src._scale_inv)
+        return dst
+    if isinstance(src, QuantizedTensor):
+        src = src.dequantize()
+    dst.quantize_(src)
+    return dst
+
+
+def _view(func, args, kwargs):
+    # A view that keeps the last dim keeps the [K, M] column-wise layout: alias both copies.
+    t, size = args[0], args[1]
+    if t._data is None:
+        return NotImplemented
+    data = func(t._data, size)
+    if data.shape[-1:] != t.shape[-1:]:
+        return NotImplemented
+    out = Float8Tensor(
+        shape=data.shape,
+        dtype=t.dtype,
+        data=data,
+        fp8_scale_inv=t._scale_inv,
+        fp8_dtype=t._fp8_dtype,
+        data_transpose=t._transpose,
+        quantizer=t._quantizer,
+    )
+    return out
+
+
+Float8Tensor._HANDLERS = {
+    aten.detach.default: _detach,
+    aten.clone.default: _clone,
+    aten.copy_.default: _copy_,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+}

@@ -1,0 +1,111 @@
+"""QuantizedTensor: the torch.Tensor subclass base of te's quantized tensors.
+
+A quantized tensor is a wrapper subclass (``torch.Tensor._make_wrapper_subclass``): to torch it
+has the logical shape and the high-precision dtype of the tensor it was quantized from, while
+the bytes live in plain inner tensors (FP8 data, fp32 scale_inv) that subclasses name.
+
+``__torch_dispatch__``: ops a subclass implements natively (detach, clone, copy_, ...) run on the
+quantized data; every other op dequantizes its quantized arguments, runs in high precision, and
+returns plain tensors. An in-place op on a quantized tensor (``qt.add_(1)``, ``qt.copy_(x)``)
+runs in high precision and quantizes the result back into ``qt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+_EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+aten = torch.ops.aten
+
+
+def is_eager(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a real tensor outside tracing, so te_core._C can be called directly.
+
+    Under torch.compile / export (and for fake or functional tensors) the registered
+    ``torch.ops.te.*`` ops must be used instead."""
+    return type(t) in _EAGER_TYPES and not torch.compiler.is_compiling()
+
+
+class QuantizedTensor(torch.Tensor):
+    """Base of te's quantized tensors; see the module docstring. Not constructed directly."""
+
+    # ops a subclass implements natively: {aten overload: handler(func, args, kwargs)}
+    _HANDLERS: dict[Any, Callable] = {}
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:  # type: ignore[override]
+        """The high-precision tensor (``dtype``, default ``self.dtype``), of shape ``self.shape``."""
+        raise NotImplementedError
+
+    def quantize_(self, src: torch.Tensor) -> QuantizedTensor:
+        """Quantizes ``src`` (broadcast to ``self.shape``) into this tensor's buffers, in place."""
+        raise NotImplementedError
+
+    def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
+        raise NotImplementedError
+
+    def _stable_hash_for_caching(self) -> str:
+        """Key for torch.compile's AOT autograd cache: class, shapes, dtypes, flatten context."""
+        names, ctx = self.__tensor_flatten__()
+        inner = [(n, tuple(getattr(self, n).shape), str(getattr(self, n).dtype)) for n in names]
+        key = repr((type(self).__qualname__, tuple(self.shape), self.requires_grad, ctx, inner))
+        return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = cls._HANDLERS.get(func)
+        if handler is not None:
+            result = handler(func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        return dequantize_fallback(func, args, kwargs)
+
+
+def _mutated_values(func, args, kwargs) -> list:
+    """The argument values ``func``'s schema says it writes (tensors or tensor lists)."""
+    mutated = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        if isinstance(value, (list, tuple)):
+            mutated.extend(value)
+        elif value is not None:
+            mutated.append(value)
+    return mutated
+
+
+def dequantize_fallback(func, args, kwargs):
+    """Runs ``func`` on dequantized copies of the quantized arguments; see the module docstring."""
+    written = {id(v) for v in _mutated_values(func, args, kwargs) if isinstance(v, QuantizedTensor)}
+    back: list[tuple[QuantizedTensor, torch.Tensor]] = []
+
+    def unwrap(a):
+        if not isinstance(a, QuantizedTensor):
+            return a
+        hp = a.dequantize()
+        if id(a) in written:
+            back.append((a, hp))
+        return hp
+
+    args2, kwargs2 = pytree.tree_map(unwrap, (args, kwargs))
+    out = func(*args2, **kwargs2)
+    if not back:
+        return out
+    for qt, hp in back:
+        qt.quantize_(hp)
+    # an in-place op returns its (now re-quantized) destination, not the high-precision temporary
+    swap = {id(hp): qt for qt, hp in back}
+    return pytree.tree_map(lambda o: swap.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
+
+
+def shallow_or_clone(func, t: torch.Tensor | None) -> torch.Tensor | None:
+    """Applies a unary aten op (detach / clone) to an optional inner tensor."""
+    return None if t is None else func(t)
