@@ -8,7 +8,8 @@ build=${1:-$root/build/dev}
 archs=${TE_CUDA_ARCHS-90a}
 cmake -S "$root/packages/te-core" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTE_CUDA_ARCHS="$archs" -DPython_EXECUTABLE="$(command -v python3)" \
-  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" -DCMAKE_INSTALL_PREFIX="$build/stage" >/dev/null
+  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" -DCMAKE_INSTALL_PREFIX="$build/stage" \
+  ${TE_XLA_FFI_INCLUDE_DIR:+-DTE_XLA_FFI_INCLUDE_DIR=$TE_XLA_FFI_INCLUDE_DIR} >/dev/null
 cmake --build "$build" -j"${TE_BUILD_JOBS:-$(nproc)}"
 cmake --install "$build" >/dev/null
 mkdir -p "$root/packages/te-core/src/te_core/lib"
