@@ -24,7 +24,7 @@ TE_CUDA_ARCHS=${TE_CUDA_ARCHS:-90a} TE_BUILD_JOBS=$(nproc) bash ci/dev_build.sh 
   > "$out/build.log" 2>&1 || { echo "BUILD FAILED"; tail -50 "$out/build.log"; exit 1; }
 echo "build: ok ($(grep -c 'Building' "$out/build.log") compile steps)"
 
-python3 -m pytest -ra -q tests/gpu -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -25
+python3 -m pytest -ra -q tests/gpu -p no:cacheprovider --continue-on-collection-errors 2>&1 | tee "$out/gpu_tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 python3 -m pytest -q tests/core tests/torch tests/jax -p no:cacheprovider -x 2>&1 | tee "$out/cpu_suite.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
