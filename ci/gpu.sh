@@ -9,6 +9,9 @@ out=${TE_GPU_OUT:-${OUT:-/tmp/te-gpu-out}}
 mkdir -p "$out"
 cd "$root"
 export PYTHONUNBUFFERED=1
+# The test machine's default CXX (/opt/gcc) links libstdc++ statically and exports its std::
+# symbols, which then clash with jaxlib's: build with the system compiler.
+[ -x /usr/bin/g++ ] && export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 export PYTHONPATH="$root/packages/te-core/src:$root/packages/te-torch/src:$root/packages/te-jax/src:$root/packages/te-cpp-headers/src${PYTHONPATH:+:$PYTHONPATH}"
 
 {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ieee_denormals.h"
 #include "te/tensor.h"
 
 namespace te {
@@ -48,6 +49,7 @@ void require_cuda(const te_device& device, const std::string& name);
 template <typename Cpu, typename Cuda>
 void dispatch(const te_device& device, const std::string& name, Cpu&& cpu, Cuda&& cuda) {
   if (device.type == TE_DEVICE_CPU) {
+    ScopedIeeeDenormals ieee;
     cpu();
   } else {
     require_cuda(device, name);

@@ -19,6 +19,7 @@
 #include "te/te.h"
 #include "xla/ffi/api/ffi.h"
 
+
 namespace te::xla_ffi {
 
 namespace ffi = ::xla::ffi;
@@ -99,7 +100,9 @@ inline auto cuda_binding() {
 // Adapts a body `Error body(te_device, void* stream, args...)` to each binding's parameters.
 template <typename Body>
 auto on_cpu(Body body) {
-  return [body](auto... args) { return body(te_device{TE_DEVICE_CPU, 0}, nullptr, args...); };
+  return [body](auto... args) {
+    return body(te_device{TE_DEVICE_CPU, 0}, nullptr, args...);
+  };
 }
 template <typename Body>
 auto on_cuda(Body body) {
