@@ -34,8 +34,16 @@ def _build_wheels(session: nox.Session) -> list[Path]:
     env = {"TE_CUDA_ARCHS": os.environ.get("TE_CUDA_ARCHS", "90a")}
     for package in PACKAGES:
         session.run(
-            "python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(DIST),
-            str(ROOT / "packages" / package), env=env,
+            "python",
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(DIST),
+            str(ROOT / "packages" / package),
+            env=env,
         )
     return sorted(DIST.glob("te_*.whl"))
 

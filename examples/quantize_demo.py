@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 import te_torch as te
+import torch
 
 
 def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -20,7 +19,9 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=2048)
     parser.add_argument("--cols", type=int, default=2048)
     args = parser.parse_args()
@@ -35,7 +36,9 @@ def main() -> None:
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
     schemes = {
         "delayed E4M3 (scale from amax)": te.Float8Quantizer(
-            torch.tensor([448.0 / x.abs().max().float().item()], device=device), torch.zeros(1, device=device), e4m3
+            torch.tensor([448.0 / x.abs().max().float().item()], device=device),
+            torch.zeros(1, device=device),
+            e4m3,
         ),
         "current E4M3": te.Float8CurrentScalingQuantizer(e4m3, device),
         "current E5M2": te.Float8CurrentScalingQuantizer(e5m2, device),

@@ -28,7 +28,13 @@ class CMakeBuildHook(BuildHookInterface):
         build_dir = Path(os.environ.get("TE_BUILD_DIR", root / "build" / tag))
         stage = build_dir / "stage"
         configure = [
-            "cmake", "-S", str(root), "-B", str(build_dir), "-G", "Ninja",
+            "cmake",
+            "-S",
+            str(root),
+            "-B",
+            str(build_dir),
+            "-G",
+            "Ninja",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",

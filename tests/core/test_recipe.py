@@ -89,9 +89,7 @@ def test_format_element_dtypes():
     )
     for fmt in Format:
         assert fmt.max_fwd == fmt.fwd_dtype.max and fmt.max_bwd == fmt.bwd_dtype.max
-    assert (
-        repr(Format.HYBRID) == "Format.HYBRID" and str(Format.HYBRID) == "Format.HYBRID"
-    )
+    assert repr(Format.HYBRID) == "Format.HYBRID" and str(Format.HYBRID) == "Format.HYBRID"
 
 
 # ------------------------------------------------------------------------------- params
@@ -108,9 +106,7 @@ def test_mmparams_and_qparams_defaults():
 
 
 def test_params_validation():
-    with pytest.raises(
-        TypeError, match=r"MMParams.use_split_accumulator: expected a bool, got 1"
-    ):
+    with pytest.raises(TypeError, match=r"MMParams.use_split_accumulator: expected a bool, got 1"):
         MMParams(1)
     with pytest.raises(
         ValueError,
@@ -118,9 +114,7 @@ def test_params_validation():
         r"got -1.0",
     ):
         QParams(amax_epsilon=-1.0)
-    with pytest.raises(
-        TypeError, match=r"QParams.stochastic_rounding: expected a bool, got 'no'"
-    ):
+    with pytest.raises(TypeError, match=r"QParams.stochastic_rounding: expected a bool, got 'no'"):
         QParams(stochastic_rounding="no")
 
 
@@ -192,9 +186,7 @@ def test_block_scaling_defaults_and_derived():
     )
     assert r.amax_epsilon == 0.0
     for q in (r.fp8_quant_fwd_inp, r.fp8_quant_fwd_weight, r.fp8_quant_bwd_grad):
-        assert q == QParams(
-            power_2_scale=True, amax_epsilon=0.0
-        )  # power_2 = not use_f32_scales
+        assert q == QParams(power_2_scale=True, amax_epsilon=0.0)  # power_2 = not use_f32_scales
     for mm in (r.fp8_gemm_fprop, r.fp8_gemm_dgrad, r.fp8_gemm_wgrad):
         assert mm == MMParams(use_split_accumulator=True)
     assert r.fp8_dpa is False and r.fp8_mha is False
@@ -226,12 +218,8 @@ def test_nvfp4_defaults_and_derived():
     assert r.fp8_dpa is False and r.fp8_mha is False and r.backward_override is None
     assert r.fp4_quant_fwd_inp == QParams(random_hadamard_transform=True)
     assert r.fp4_quant_fwd_weight == QParams(fp4_2d_quantization=True)
-    assert r.fp4_quant_bwd_grad == QParams(
-        random_hadamard_transform=True, stochastic_rounding=True
-    )
-    off = NVFP4BlockScaling(
-        disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True
-    )
+    assert r.fp4_quant_bwd_grad == QParams(random_hadamard_transform=True, stochastic_rounding=True)
+    off = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True)
     for q in (off.fp4_quant_fwd_inp, off.fp4_quant_fwd_weight, off.fp4_quant_bwd_grad):
         assert q == QParams()
     r.disable_stochastic_rounding = True
@@ -343,9 +331,7 @@ def test_env_read_at_construction_and_te_prefix_wins(monkeypatch):
 
 def test_env_bad_values(monkeypatch):
     monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "maybe")
-    with pytest.raises(
-        ValueError, match=r"NVTE_NVFP4_DISABLE_RHT: expected 0 or 1, got 'maybe'"
-    ):
+    with pytest.raises(ValueError, match=r"NVTE_NVFP4_DISABLE_RHT: expected 0 or 1, got 'maybe'"):
         NVFP4BlockScaling()
     monkeypatch.setenv("TE_BACKWARD_OVERRIDE", "fp32")
     with pytest.raises(
@@ -381,9 +367,7 @@ def test_e5m2_rejected(make):
         r"got Format.E2M1",
     ):
         make(Format.E2M1)
-    with pytest.raises(
-        TypeError, match=r"fp8_format: expected a Format .*got 'HYBRID'"
-    ):
+    with pytest.raises(TypeError, match=r"fp8_format: expected a Format .*got 'HYBRID'"):
         make("HYBRID")
 
 
@@ -404,9 +388,7 @@ def test_block_scaling_dims():
         r"of \(1, 2\), got 3",
     ):
         Float8BlockScaling(x_block_scaling_dim=3)
-    with pytest.raises(
-        ValueError, match=r"w_block_scaling_dim: expected one of \(1, 2\), got 0"
-    ):
+    with pytest.raises(ValueError, match=r"w_block_scaling_dim: expected one of \(1, 2\), got 0"):
         Float8BlockScaling(w_block_scaling_dim=0)
     with pytest.raises(
         TypeError,
@@ -431,14 +413,10 @@ def test_block_scaling_dims():
         match=r"x_block_scaling_dim=2 with grad_block_scaling_dim=2 "
         r"makes the wgrad GEMM 2D x 2D",
     ):
-        Float8BlockScaling(
-            x_block_scaling_dim=2, w_block_scaling_dim=1, grad_block_scaling_dim=2
-        )
+        Float8BlockScaling(x_block_scaling_dim=2, w_block_scaling_dim=1, grad_block_scaling_dim=2)
     # every combination with at most one 2D operand per GEMM is accepted, as in TE
     for x, w, g in [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2)]:
-        Float8BlockScaling(
-            x_block_scaling_dim=x, w_block_scaling_dim=w, grad_block_scaling_dim=g
-        )
+        Float8BlockScaling(x_block_scaling_dim=x, w_block_scaling_dim=w, grad_block_scaling_dim=g)
 
 
 @pytest.mark.parametrize("name", ["fp8_dpa", "fp8_mha"])
@@ -498,9 +476,7 @@ def test_delayed_scaling_validation():
         r"None or a callable, got 2.0",
     ):
         DelayedScaling(scaling_factor_compute_algo=2.0)
-    with pytest.raises(
-        TypeError, match=r"DelayedScaling.reduce_amax: expected a bool, got 1"
-    ):
+    with pytest.raises(TypeError, match=r"DelayedScaling.reduce_amax: expected a bool, got 1"):
         DelayedScaling(reduce_amax=1)
     for bo in ("high_precision", "dequantized"):
         with pytest.raises(
@@ -594,16 +570,12 @@ def test_nvfp4_validation():
         r", got 'L1'",
     ):
         NVFP4BlockScaling(nvfp4_4over6_err_mode="L1")
-    with pytest.raises(
-        TypeError, match=r"NVFP4BlockScaling.disable_rht: expected a bool, got 0"
-    ):
+    with pytest.raises(TypeError, match=r"NVFP4BlockScaling.disable_rht: expected a bool, got 0"):
         NVFP4BlockScaling(disable_rht=0)
 
 
 def test_custom_recipe_validation():
-    with pytest.raises(
-        TypeError, match=r"CustomRecipe.qfactory: expected a callable, got 3"
-    ):
+    with pytest.raises(TypeError, match=r"CustomRecipe.qfactory: expected a callable, got 3"):
         CustomRecipe(3)
     with pytest.raises(
         ValueError,
@@ -652,9 +624,7 @@ def test_assignment_revalidates_and_rolls_back():
     ):
         c.fp8_quant_fwd_inp = None
     assert c.fp8_quant_fwd_inp == QParams()
-    c.use_power_2_scales = (
-        True  # the failed assignment above did not mark the field as the user's
-    )
+    c.use_power_2_scales = True  # the failed assignment above did not mark the field as the user's
     assert c.fp8_quant_fwd_inp.power_2_scale is True
 
 
@@ -680,9 +650,7 @@ def test_repr_contents():
         "fp8_dpa=False, fp8_mha=False, backward_override=None)"
     )
     assert repr(MMParams(False)) == "MMParams(use_split_accumulator=False)"
-    assert "fp8_gemm_fprop=MMParams(use_split_accumulator=False)" in repr(
-        Float8CurrentScaling()
-    )
+    assert "fp8_gemm_fprop=MMParams(use_split_accumulator=False)" in repr(Float8CurrentScaling())
 
 
 def test_public_names():

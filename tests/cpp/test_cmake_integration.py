@@ -21,7 +21,15 @@ def test_find_package_builds_and_runs(tmp_path: Path) -> None:
     assert (Path(cmake_dir) / "TECoreConfig.cmake").is_file()
     build = tmp_path / "build"
     subprocess.run(
-        ["cmake", "-S", str(APP), "-B", str(build), f"-DTECore_DIR={cmake_dir}", f"-DPython3_EXECUTABLE={sys.executable}"],
+        [
+            "cmake",
+            "-S",
+            str(APP),
+            "-B",
+            str(build),
+            f"-DTECore_DIR={cmake_dir}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+        ],
         check=True,
         capture_output=True,
         text=True,

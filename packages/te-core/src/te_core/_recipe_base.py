@@ -108,9 +108,7 @@ def check_bool(owner: str, name: str, value: Any) -> None:
         fail(TypeError, owner, name, "a bool", value)
 
 
-def check_number(
-    owner: str, name: str, value: Any, what: str = "a finite number >= 0"
-) -> None:
+def check_number(owner: str, name: str, value: Any, what: str = "a finite number >= 0") -> None:
     """A real number (not a bool), finite and non-negative."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         fail(TypeError, owner, name, what, value)
@@ -118,9 +116,7 @@ def check_number(
         fail(ValueError, owner, name, what, value)
 
 
-def check_int(
-    owner: str, name: str, value: Any, allowed: tuple[int, ...] = (), minimum: int = 0
-):
+def check_int(owner: str, name: str, value: Any, allowed: tuple[int, ...] = (), minimum: int = 0):
     what = f"one of {allowed}" if allowed else f"an int >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(TypeError, owner, name, what, value)
@@ -133,9 +129,7 @@ def check_type(owner: str, name: str, value: Any, cls: type) -> None:
         fail(TypeError, owner, name, f"a {cls.__name__}", value)
 
 
-def check_format(
-    owner: str, name: str, value: Any, allowed: tuple[Format, ...]
-) -> None:
+def check_format(owner: str, name: str, value: Any, allowed: tuple[Format, ...]) -> None:
     """`value` is a Format among `allowed`; E5M2 gets the message that says what to use."""
     expected = " or ".join(repr(f) for f in allowed)
     if not isinstance(value, Format):
@@ -313,9 +307,7 @@ class Recipe:
         saved = dict(self.__dict__)
         object.__setattr__(self, name, value)
         try:
-            if (
-                name in self._DERIVED
-            ):  # a frozenset, so copy.copy()'d recipes never share it
+            if name in self._DERIVED:  # a frozenset, so copy.copy()'d recipes never share it
                 object.__setattr__(self, "_overridden", self._overridden | {name})
             self._derive()
             self._validate()

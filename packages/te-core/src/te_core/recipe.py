@@ -53,9 +53,7 @@ def _flag(name: str) -> Callable[[], bool]:
     return lambda: _b.env_flag(name)
 
 
-def _check_fp8_common(
-    r: Recipe, formats=_FP8_FORMATS, overrides=_b.BACKWARD_OVERRIDES
-) -> None:
+def _check_fp8_common(r: Recipe, formats=_FP8_FORMATS, overrides=_b.BACKWARD_OVERRIDES) -> None:
     owner = type(r).__name__
     _b.check_format(owner, "fp8_format", r.fp8_format, formats)
     _b.check_bool(owner, "fp8_dpa", r.fp8_dpa)
@@ -151,9 +149,7 @@ class Float8CurrentScaling(Recipe):
             use_power_2_scales, amax_epsilon=amax_epsilon).
     """
 
-    use_power_2_scales: bool = field(
-        default_factory=_flag("FP8_CURRENT_SCALING_POWER_2_SCALES")
-    )
+    use_power_2_scales: bool = field(default_factory=_flag("FP8_CURRENT_SCALING_POWER_2_SCALES"))
     fp8_format: Format = Format.HYBRID
     fp8_gemm_fprop: MMParams = field(default=MMParams(use_split_accumulator=False))
     fp8_gemm_dgrad: MMParams = field(default=MMParams(use_split_accumulator=True))
@@ -198,7 +194,8 @@ class Float8BlockScaling(Recipe):
 
     Attributes:
         use_f32_scales: keep fp32 scales as computed; default (False) rounds them down to powers of
-            two. Default from ``TE_FP8_BLOCK_SCALING_FP32_SCALES`` (or ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES``) (0).
+            two. Default from ``TE_FP8_BLOCK_SCALING_FP32_SCALES`` (or
+            ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES``), 0.
         fp8_format: Format.E4M3 only.
         x_block_scaling_dim / w_block_scaling_dim / grad_block_scaling_dim: 1 (1x128 blocks along a
             row) or 2 (128x128 tiles) for inputs / weights / gradients. Each GEMM (fprop x*w, dgrad
@@ -285,9 +282,7 @@ class MXFP8BlockScaling(Recipe):
     def _validate(self) -> None:
         _check_fp8_common(self)
         _b.check_number("MXFP8BlockScaling", "margin", self.margin)
-        _b.check_bool(
-            "MXFP8BlockScaling", "enable_2d_quantization", self.enable_2d_quantization
-        )
+        _b.check_bool("MXFP8BlockScaling", "enable_2d_quantization", self.enable_2d_quantization)
 
 
 @dataclass(repr=True)
@@ -296,8 +291,8 @@ class NVFP4BlockScaling(Recipe):
 
     Attributes:
         disable_rht / disable_stochastic_rounding / disable_2d_quantization / row_scaled_activation:
-            defaults from ``TE_NVFP4_DISABLE_RHT`` (or ``NVTE_NVFP4_DISABLE_RHT``), _DISABLE_STOCHASTIC_ROUNDING,
-            _DISABLE_2D_QUANTIZATION, _ROW_SCALED_ACTIVATION (all 0).
+            defaults from ``TE_NVFP4_DISABLE_RHT`` (or ``NVTE_NVFP4_DISABLE_RHT``),
+            _DISABLE_STOCHASTIC_ROUNDING, _DISABLE_2D_QUANTIZATION, _ROW_SCALED_ACTIVATION (all 0).
         nvfp4_4over6: 'none', 'weights', 'activations' or 'all' (env NVFP4_4OVER6, default 'none').
         nvfp4_4over6_e4m3_use_256: same choices (env NVFP4_4OVER6_E4M3_USE_256, default 'all').
         nvfp4_4over6_err_mode: 'MAE' or 'MSE' (env NVFP4_4OVER6_ERR_MODE, upper-cased; default 'MAE').
@@ -309,18 +304,10 @@ class NVFP4BlockScaling(Recipe):
     """
 
     disable_rht: bool = field(default_factory=_flag("NVFP4_DISABLE_RHT"))
-    disable_stochastic_rounding: bool = field(
-        default_factory=_flag("NVFP4_DISABLE_STOCHASTIC_ROUNDING")
-    )
-    disable_2d_quantization: bool = field(
-        default_factory=_flag("NVFP4_DISABLE_2D_QUANTIZATION")
-    )
-    row_scaled_activation: bool = field(
-        default_factory=_flag("NVFP4_ROW_SCALED_ACTIVATION")
-    )
-    nvfp4_4over6: str = field(
-        default_factory=lambda: _b.env_str("NVFP4_4OVER6", "none")
-    )
+    disable_stochastic_rounding: bool = field(default_factory=_flag("NVFP4_DISABLE_STOCHASTIC_ROUNDING"))
+    disable_2d_quantization: bool = field(default_factory=_flag("NVFP4_DISABLE_2D_QUANTIZATION"))
+    row_scaled_activation: bool = field(default_factory=_flag("NVFP4_ROW_SCALED_ACTIVATION"))
+    nvfp4_4over6: str = field(default_factory=lambda: _b.env_str("NVFP4_4OVER6", "none"))
     nvfp4_4over6_e4m3_use_256: str = field(
         default_factory=lambda: _b.env_str("NVFP4_4OVER6_E4M3_USE_256", "all")
     )
@@ -348,12 +335,8 @@ class NVFP4BlockScaling(Recipe):
         ):
             _b.check_bool(owner, name, getattr(self, name))
         values = {
-            "fp4_quant_fwd_inp": QParams(
-                random_hadamard_transform=not self.disable_rht
-            ),
-            "fp4_quant_fwd_weight": QParams(
-                fp4_2d_quantization=not self.disable_2d_quantization
-            ),
+            "fp4_quant_fwd_inp": QParams(random_hadamard_transform=not self.disable_rht),
+            "fp4_quant_fwd_weight": QParams(fp4_2d_quantization=not self.disable_2d_quantization),
             "fp4_quant_bwd_grad": QParams(
                 random_hadamard_transform=not self.disable_rht,
                 stochastic_rounding=not self.disable_stochastic_rounding,
@@ -374,9 +357,7 @@ class NVFP4BlockScaling(Recipe):
             ("nvfp4_4over6_err_mode", _NVFP4_4OVER6_ERR_MODES),
         ):
             if getattr(self, name) not in allowed:
-                _b.fail(
-                    ValueError, owner, name, f"one of {allowed}", getattr(self, name)
-                )
+                _b.fail(ValueError, owner, name, f"one of {allowed}", getattr(self, name))
         _check_qparams(self, self._DERIVED)
 
 
