@@ -151,6 +151,7 @@ def main() -> int:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--variants", default=None, help="temporary: ;-separated env settings")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -212,6 +213,10 @@ def main() -> int:
         "block2d_ct": (lambda: C.quantize(x_d, b2, cfg_block, stream()), 4.0 * N + scale_bytes_2d,
                        lambda: peer_block2d_ct(x)),
     }
+    amax_out = f32_buf((1,))
+    amax_d = desc(amax_out, F32)
+    ops["amax"] = (lambda: C.amax(x_d, amax_d, stream()), 2.0 * N,
+                   lambda: x.abs().amax().float())
     actual_bytes = {"current": 5.0 * N, "current_ct": 6.0 * N}
 
     # ---- correctness first: te's bytes against the eager formula
@@ -239,6 +244,8 @@ def main() -> int:
         checks["block2d_ct"] = int((q_row != u8(ref[0])).sum() + (q_col != u8(ref[2])).sum()
                                    + (b2_sr[:, :K // 128] != ref[1]).sum()
                                    + (b2_sc[:, :M // 128] != ref[3]).sum())
+        C.amax(x_d, amax_d, stream())
+        checks["amax"] = int(amax_out.item() != float(x.abs().amax().float()))
         torch.cuda.synchronize()
 
     # ---- timing
@@ -260,6 +267,22 @@ def main() -> int:
         row["te2_20_ref_tbs"] = TE_REF.get(name)
         results.append(row)
 
+    # ---- variants (temporary: env switches read by the launchers on every call)
+    import os
+    var_rows = []
+    for var in (args.variants.split(";") if args.variants else []):
+        for kv in var.split(","):
+            k, v = kv.split("=")
+            os.environ[k] = v
+        for graph in (False, True):
+            cms = time_ms(lambda: dst.copy_(x), args.iters, args.warmup, graph)
+            line = [f"V{'g' if graph else 'e'} {var.replace('TE_QV_', '')} copy {cms*1e3:.1f}"]
+            for name, (te_fn, counted, peer) in ops.items():
+                ms = time_ms(te_fn, args.iters, args.warmup, graph)
+                var_rows.append(dict(var=var, graph=graph, op=name, ms=ms, copy_ms=cms))
+                line.append(f"{name[:6]} {ms*1e3:.1f} {counted / ms / (4.0 * N / cms):.3f}")
+            print(" ".join(line))
+
     # ---- report
     print(f"device: {torch.cuda.get_device_name()}  input {M}x{K} bf16  "
           f"copy {copy_ms:.3f} ms = {copy_tbs:.2f} TB/s  ({'graph' if args.graph else 'eager'})")
@@ -278,6 +301,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": M, "cols": K,
                        "graph": args.graph, "copy_ms": copy_ms, "copy_tbs": copy_tbs,
+                       "variants": var_rows,
                        "results": results}, f, indent=2)
     return 1 if any(r["mismatches"] for r in results) else 0
 

@@ -25,6 +25,8 @@
 // sharing a column in a warp, then across the 8 warps through shared memory).
 #pragma once
 
+#include <cstdlib>
+
 #include "cuda/cuda_utils.cuh"
 
 namespace te {
@@ -133,8 +135,8 @@ __device__ __forceinline__ void store_row8(uint8_t* __restrict__ dst, uint2 q, i
   }
 }
 
-template <typename T, int kFmt, int kMode>
-__global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Params p) {
+template <typename T, int kFmt, int kMode, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) cast_tile_kernel(const Params p) {
   __shared__ Smem sm;
   constexpr float kMax = kFmt == TE_DTYPE_FLOAT8_E4M3 ? 448.0f : 57344.0f;
   const int tid = threadIdx.x, g = tid & 7, tr = tid >> 3, lane = tid & 31, warp = tid >> 5;
@@ -164,6 +166,8 @@ __global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Params p) {
       }
     }
   }
+
+  uint2 q[4][2];
 
   // ---- scales
   float srow[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // row-wise copy, per row i
@@ -222,6 +226,17 @@ __global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Params p) {
         const int64_t r = r0 + 4 * tr + i;
         if (g == 0 && r < rows) p.rowwise_scale_inv[tj * p.rowwise_scale_ld + r] = 1.0f / srow[i];
       }
+      // The row-wise copy now, before the column scales: its stores start earlier and its
+      // registers are free again for the column-wise pass.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint2 qr = quantize8<kFmt>(x[i][h], srow[i]);
+          const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
+          if (r < rows && c < cols) store_row8(p.rowwise + r * cols + c, qr, cols - c, p.vec_row);
+        }
+      }
     }
     if (p.columnwise != nullptr) {
 #pragma unroll
@@ -254,10 +269,9 @@ __global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Params p) {
     }
   }
 
-  // ---- row-wise copy (and, where both copies share a scale, the bytes of the transposed one)
-  uint2 q[4][2];
-  const bool shared_q = kMode != kBlock1D;
-  if (p.rowwise != nullptr || (shared_q && p.columnwise != nullptr)) {
+  // ---- row-wise copy (and, where both copies share a scale, the bytes of the transposed one;
+  // 1-D wrote its row-wise copy above)
+  if (kMode != kBlock1D && (p.rowwise != nullptr || p.columnwise != nullptr)) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -298,8 +312,16 @@ void launch(Params p, int32_t in_dtype, int32_t out_dtype, cudaStream_t stream) 
     p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
     p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
     dispatch_fp8(out_dtype, [&](auto fmt) {
-      cast_tile_kernel<T, decltype(fmt)::value, kMode>
-          <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      constexpr int kF = decltype(fmt)::value;
+      const char* qv = getenv("TE_QV_TILE");
+      const char v = qv == nullptr ? '4' : qv[0];
+      if (sizeof(T) == 4 || v == '0') {
+        cast_tile_kernel<T, kF, kMode, 1><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      } else if (v == '5') {
+        cast_tile_kernel<T, kF, kMode, 5><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      } else {
+        cast_tile_kernel<T, kF, kMode, 4><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      }
       check_launch("cast_tile_kernel");
     });
   });

@@ -176,12 +176,15 @@ class Float8BlockwiseQTensor(QuantizedTensor):
         def shape_of(t):
             return None if t is None else tuple(t.shape)
 
+        # Under tracing the parts are fake tensors with no values to show.
+        some_part = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
+        data = f", data={self.dequantize()}" if is_eager(some_part) else ""
+
         return (
             f"Float8BlockwiseQTensor(shape={tuple(self.shape)}, fp8_dtype={self._fp8_dtype}, "
             f"dtype={self.dtype}, blocks={'128x128' if self._is_2D_scaled else '1x128'}, "
             f"rowwise_scale_inv={shape_of(self._rowwise_scale_inv)}, "
-            f"columnwise_scale_inv={shape_of(self._columnwise_scale_inv)}, "
-            f"data={self.dequantize()})"
+            f"columnwise_scale_inv={shape_of(self._columnwise_scale_inv)}{data})"
         )
 
     _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")

@@ -126,11 +126,14 @@ class Float8Tensor(QuantizedTensor):
     # -- torch integration ----------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
+        # Under tracing the parts are fake tensors with no values to show.
+        values = is_eager(self._scale_inv)
+        scale_inv = f"{self._scale_inv.item():.6g}" if values else "?"
+        data = f", data={self.dequantize()}" if values else ""
         return (
             f"Float8Tensor(shape={tuple(self.shape)}, fp8_dtype={self._fp8_dtype}, "
-            f"dtype={self.dtype}, scale_inv={self._scale_inv.item():.6g}, "
-            f"rowwise={self._data is not None}, columnwise={self._transpose is not None}, "
-            f"data={self.dequantize()})"
+            f"dtype={self.dtype}, scale_inv={scale_inv}, "
+            f"rowwise={self._data is not None}, columnwise={self._transpose is not None}{data})"
         )
 
     def __tensor_flatten__(self):
