@@ -13,6 +13,7 @@ removes the Python launch overhead from the figure):
                   move: 2 + 2 read, 1 + 1 written; reported as "actual")
   block1d_ct      Float8BlockScaling 1x128 with the column-wise copy (4 B/elem + scales)
   block2d_ct      Float8BlockScaling 128x128 with the column-wise copy (4 B/elem + scales)
+  amax            the amax pass alone (te_core._C.amax; 2 B/elem read)
 
 and the same operation written in plain torch and run through torch.compile as the peer. It checks
 te's FP8 bytes against the eager torch formula first (bit-exact expected), prints a table and
@@ -151,7 +152,6 @@ def main() -> int:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--variants", default=None, help="temporary: ;-separated env settings")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -267,22 +267,6 @@ def main() -> int:
         row["te2_20_ref_tbs"] = TE_REF.get(name)
         results.append(row)
 
-    # ---- variants (temporary: env switches read by the launchers on every call)
-    import os
-    var_rows = []
-    for var in (args.variants.split(";") if args.variants else []):
-        for kv in var.split(","):
-            k, v = kv.split("=")
-            os.environ[k] = v
-        for graph in (False, True):
-            cms = time_ms(lambda: dst.copy_(x), args.iters, args.warmup, graph)
-            line = [f"V{'g' if graph else 'e'} {var.replace('TE_QV_', '')} copy {cms*1e3:.1f}"]
-            for name, (te_fn, counted, peer) in ops.items():
-                ms = time_ms(te_fn, args.iters, args.warmup, graph)
-                var_rows.append(dict(var=var, graph=graph, op=name, ms=ms, copy_ms=cms))
-                line.append(f"{name[:6]} {ms*1e3:.1f} {counted / ms / (4.0 * N / cms):.3f}")
-            print(" ".join(line))
-
     # ---- report
     print(f"device: {torch.cuda.get_device_name()}  input {M}x{K} bf16  "
           f"copy {copy_ms:.3f} ms = {copy_tbs:.2f} TB/s  ({'graph' if args.graph else 'eager'})")
@@ -301,7 +285,6 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": M, "cols": K,
                        "graph": args.graph, "copy_ms": copy_ms, "copy_tbs": copy_tbs,
-                       "variants": var_rows,
                        "results": results}, f, indent=2)
     return 1 if any(r["mismatches"] for r in results) else 0
 

@@ -11,7 +11,6 @@
 #include "common/kernels.h"
 #include "cuda/amax.cuh"
 #include "cuda/cuda_utils.cuh"
-#include <cstdlib>
 
 namespace te {
 namespace cuda {
@@ -92,53 +91,6 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ in
   if (threadIdx.x == 0 && m != 0u) atomic_max_amax(amax, m);
 }
 
-// One chunk of kChunkThreads * kChunkLoads 16-byte words per block step: every load of a thread
-// issued before the first use; a grid of one step per block (capped) so that blocks finishing
-// early take new chunks and no last wave of long-running blocks is left.
-constexpr int kChunkThreads = 256;
-constexpr int kChunkLoads = 8;
-
-template <typename T>
-__global__ void __launch_bounds__(kChunkThreads) amax_chunk_kernel(const T* __restrict__ in,
-                                                                   int64_t head, int64_t words,
-                                                                   int64_t numel,
-                                                                   float* __restrict__ amax) {
-  constexpr int64_t kPerWord = 16 / sizeof(T);
-  constexpr int64_t kChunk = static_cast<int64_t>(kChunkThreads) * kChunkLoads;
-  __shared__ uint32_t scratch[kChunkThreads / 32];
-  const uint4* body = reinterpret_cast<const uint4*>(in + head);
-  const int64_t chunks = ceil_div(words, kChunk);
-  uint32_t packed = 0;
-  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int64_t base = c * kChunk + threadIdx.x;
-    uint4 v[kChunkLoads];
-    if ((c + 1) * kChunk <= words) {  // whole chunk: unpredicated loads, all in flight at once
-#pragma unroll
-      for (int j = 0; j < kChunkLoads; ++j) v[j] = __ldg(body + base + j * kChunkThreads);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kChunkLoads; ++j) {
-        const int64_t i = base + static_cast<int64_t>(j) * kChunkThreads;
-        v[j] = i < words ? __ldg(body + i) : make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kChunkLoads; ++j) packed = fold<T>(packed, v[j]);
-  }
-  uint32_t m = unpack_max<T>(packed);
-
-  // Head (before the first aligned word) and tail (after the last): fewer than kPerWord each.
-  if (blockIdx.x == 0) {
-    const int t = threadIdx.x;
-    if (t < head) m = max(m, elem_abs_bits(in[t]));
-    const int64_t e = head + words * kPerWord + t;
-    if (t < kPerWord && e < numel) m = max(m, elem_abs_bits(in[e]));
-  }
-
-  m = block_max<kChunkThreads>(canonical_amax_bits<T>(m), scratch);
-  if (threadIdx.x == 0 && m != 0u) atomic_max_amax(amax, m);
-}
-
 template <typename T>
 void launch_amax(const T* in, int64_t numel, float* amax, cudaStream_t stream) {
   constexpr int64_t kPerWord = 16 / sizeof(T);
@@ -146,17 +98,6 @@ void launch_amax(const T* in, int64_t numel, float* amax, cudaStream_t stream) {
   int64_t head = misalign == 0 ? 0 : static_cast<int64_t>((16 - misalign) / sizeof(T));
   if (head > numel) head = numel;
   const int64_t words = (numel - head) / kPerWord;
-  const char* qv = getenv("TE_QV_AMAX");
-  if (qv == nullptr || qv[0] != '0') {
-    constexpr int64_t kChunk = static_cast<int64_t>(kChunkThreads) * kChunkLoads;
-    int64_t blocks = ceil_div(words, kChunk);
-    if (blocks > 0x7fffffffLL) blocks = 0x7fffffffLL;
-    if (blocks < 1) blocks = 1;
-    amax_chunk_kernel<T><<<static_cast<unsigned>(blocks), kChunkThreads, 0, stream>>>(
-        in, head, words, numel, amax);
-    check_launch("amax_chunk_kernel");
-    return;
-  }
   static const int occupancy = blocks_per_sm(amax_kernel<T>, kThreads, 2048 / kThreads);
   const int64_t max_blocks = static_cast<int64_t>(sm_count()) * occupancy;
   int64_t blocks = ceil_div(words > 0 ? ceil_div(words, 4) : numel, kThreads);

@@ -25,8 +25,6 @@
 // sharing a column in a warp, then across the 8 warps through shared memory).
 #pragma once
 
-#include <cstdlib>
-
 #include "cuda/cuda_utils.cuh"
 
 namespace te {
@@ -135,8 +133,13 @@ __device__ __forceinline__ void store_row8(uint8_t* __restrict__ dst, uint2 q, i
   }
 }
 
-template <typename T, int kFmt, int kMode, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) cast_tile_kernel(const Params p) {
+// 16-bit inputs: capped at 64 registers for 4 resident CTAs per SM (the 1-D kernel would take
+// 80+ and get 2-3); fp32 inputs are left uncapped (capping would spill hundreds of bytes).
+template <typename T>
+constexpr int kMinBlocks = sizeof(T) == 4 ? 1 : 4;
+
+template <typename T, int kFmt, int kMode>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(const Params p) {
   __shared__ Smem sm;
   constexpr float kMax = kFmt == TE_DTYPE_FLOAT8_E4M3 ? 448.0f : 57344.0f;
   const int tid = threadIdx.x, g = tid & 7, tr = tid >> 3, lane = tid & 31, warp = tid >> 5;
@@ -312,16 +315,8 @@ void launch(Params p, int32_t in_dtype, int32_t out_dtype, cudaStream_t stream) 
     p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
     p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
     dispatch_fp8(out_dtype, [&](auto fmt) {
-      constexpr int kF = decltype(fmt)::value;
-      const char* qv = getenv("TE_QV_TILE");
-      const char v = qv == nullptr ? '4' : qv[0];
-      if (sizeof(T) == 4 || v == '0') {
-        cast_tile_kernel<T, kF, kMode, 1><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
-      } else if (v == '5') {
-        cast_tile_kernel<T, kF, kMode, 5><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
-      } else {
-        cast_tile_kernel<T, kF, kMode, 4><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
-      }
+      cast_tile_kernel<T, decltype(fmt)::value, kMode>
+          <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
       check_launch("cast_tile_kernel");
     });
   });

@@ -10,15 +10,15 @@
 // The current-scaling cast pass walks the tensor last-to-first: the amax pass walked it
 // first-to-last, so the tail it read last (up to the L2 size, ~50 MB on H200) is still in L2.
 //
-// The row-wise-only cast is a persistent grid-stride loop over 8-element units: each thread keeps
-// four 16-byte loads in flight, a warp's stores are 256 contiguous bytes, and the delayed amax is
-// a block reduce plus one atomicMax per block (not per tile). Buffers whose input is not 16-byte
+// The row-wise-only cast is a grid-stride loop over 8-element units, launched with one step
+// (8192 elements) per block so that blocks finishing early take new steps: each thread keeps four
+// 16-byte loads in flight, a warp's stores are 256 contiguous bytes, and the delayed amax is a
+// block reduce plus one atomicMax per block. Buffers whose input is not 16-byte
 // aligned or whose output is not 8-byte aligned take the scalar path.
 #include "common/kernels.h"
 #include "cuda/amax.cuh"
 #include "cuda/cast_tile.cuh"
 #include "cuda/cuda_utils.cuh"
-#include <cstdlib>
 
 namespace te {
 namespace cuda {
@@ -106,13 +106,11 @@ void launch_cast(CastParams p, int32_t in_dtype, int32_t out_dtype, cudaStream_t
     p.units = vec ? p.numel / 8 : 0;
     dispatch_fp8(out_dtype, [&](auto fmt) {
       constexpr int kFmt = decltype(fmt)::value;
-      static const int occupancy = blocks_per_sm(cast_kernel<T, kFmt>, kThreads, 4);
       const int64_t work = p.units > 0 ? ceil_div(p.units, kUnitsPerStep)
                                        : ceil_div(p.numel, kThreads);
-      const char* qv = getenv("TE_QV_CAST");
-      const bool persistent = qv != nullptr && qv[0] == '0';
-      int64_t blocks = persistent ? static_cast<int64_t>(sm_count()) * occupancy : 0x7fffffffLL;
-      if (blocks > work) blocks = work;
+      // One step per block (not a persistent grid of the resident count): a persistent grid left
+      // a last round in which half the blocks ran alone (16384 steps / 1056 blocks = 15.5).
+      int64_t blocks = work < 0x7fffffffLL ? work : 0x7fffffffLL;
       if (blocks < 1) blocks = 1;
       cast_kernel<T, kFmt><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
       check_launch("cast_kernel");
