@@ -29,9 +29,8 @@ import json
 import statistics
 import sys
 
-import torch
-
 import te_core._C as C
+import torch
 
 CUDA = 1
 E4M3_MAX = 448.0
@@ -39,7 +38,7 @@ E4M3_MAX = 448.0
 TE_REF = {"delayed": 3.92, "delayed_ct": 3.59, "current": 2.48, "current_ct": 2.47, "block1d_ct": 2.72}
 
 
-def desc(t: torch.Tensor, dtype: int) -> "C.Tensor":
+def desc(t: torch.Tensor, dtype: int) -> C.Tensor:
     return C.Tensor(t.data_ptr(), int(dtype), tuple(t.shape), CUDA, t.device.index or 0)
 
 
@@ -257,7 +256,10 @@ def main() -> int:
 
     # ---- correctness first: te's bytes against the eager formula
     checks = {}
-    u8 = lambda t: t.view(torch.uint8)
+
+    def u8(t):
+        return t.view(torch.uint8)
+
     with torch.no_grad():
         C.quantize(x_d, per_tensor, cfg_delayed, stream())
         ref = peer_delayed(x, scale, torch.zeros(1, device=dev))
