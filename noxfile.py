@@ -8,6 +8,7 @@ other three wheels, installs all four into a fresh virtual environment and runs 
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import nox
@@ -18,11 +19,32 @@ PACKAGES = ("te-cpp-headers", "te-core", "te-torch", "te-jax")
 BUILD_DEPS = ("hatchling>=1.20", "cmake>=3.26", "ninja", "pybind11>=2.12", "jaxlib>=0.5")
 # torch 2.13.0 is the CPU build CI machines carry on disk; other versions download CUDA wheels.
 TORCH = os.environ.get("TE_TORCH_SPEC", "torch==2.13.0")
-TEST_DEPS = ("pytest", "numpy", "ml_dtypes", TORCH, "jax", "flax")
+TEST_DEPS = ("pytest", "numpy", "ml_dtypes", "cuda-pathfinder", TORCH, "jax", "flax")
+CUBLAS_HEADERS_WHEEL = "nvidia-cublas>=13,<14"
 CPU_SUITE = ("tests/core", "tests/torch", "tests/jax", "tests/cpp", "tests/gpu")
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
+
+
+def _cublas_headers(session: nox.Session) -> str:
+    """cublasLt.h for the CUDA build (te dlopens the library; only the header is compiled in):
+    the toolkit's if it has one, else the include folder of the nvidia-cublas wheel, downloaded
+    once and unpacked without installing its libraries."""
+    if os.environ.get("TE_CUBLAS_INCLUDE_DIR"):
+        return os.environ["TE_CUBLAS_INCLUDE_DIR"]
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if (Path(cuda_home) / "include" / "cublasLt.h").exists():
+        return ""
+    cache = ROOT / ".nox" / "cublas-headers"
+    include = cache / "nvidia" / "cu13" / "include"
+    if not (include / "cublasLt.h").exists():
+        session.run("python", "-m", "pip", "download", "--no-deps", "-d", str(cache), CUBLAS_HEADERS_WHEEL)
+        (wheel,) = cache.glob("nvidia_cublas-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(cache, [n for n in z.namelist() if "/include/" in n])
+        wheel.unlink()
+    return str(include)
 
 
 def _build_wheels(session: nox.Session) -> list[Path]:
@@ -32,6 +54,8 @@ def _build_wheels(session: nox.Session) -> list[Path]:
     for old in DIST.glob("te_*.whl"):
         old.unlink()
     env = {"TE_CUDA_ARCHS": os.environ.get("TE_CUDA_ARCHS", "90a")}
+    if env["TE_CUDA_ARCHS"]:
+        env["TE_CUBLAS_INCLUDE_DIR"] = _cublas_headers(session)
     for package in PACKAGES:
         session.run(
             "python",

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything te does on the GPU test machine, in one run: build te-core for the local GPU with all
-# cores, run the GPU tests (CUDA kernels against the CPU backend) and the CPU suite there, run the
-# benchmarks, and leave logs + JSON in $TE_GPU_OUT (default $OUT, else /tmp/te-gpu-out).
-# The short table printed last is what to paste into benchmarks/results/ and the issue note.
+# cores, run the benchmarks and the GPU tests (CUDA kernels against the CPU backend), then the CPU
+# suite there. Logs + JSON go to $TE_GPU_OUT (default $OUT, else /tmp/te-gpu-out); each step has
+# its own time limit (TE_GPU_STEP_SECONDS, default 240) so one slow step cannot eat the others.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${TE_GPU_OUT:-${OUT:-/tmp/te-gpu-out}}
+step_seconds=${TE_GPU_STEP_SECONDS:-240}
 mkdir -p "$out"
 cd "$root"
 export PYTHONUNBUFFERED=1
@@ -25,19 +26,21 @@ export PYTHONPATH="$root/packages/te-core/src:$root/packages/te-torch/src:$root/
 status=0
 TE_CUDA_ARCHS=${TE_CUDA_ARCHS:-90a} TE_BUILD_JOBS=$(nproc) bash ci/dev_build.sh build/gpu \
   > "$out/build.log" 2>&1 || { echo "BUILD FAILED"; tail -50 "$out/build.log"; exit 1; }
-echo "build: ok ($(grep -c 'Building' "$out/build.log") compile steps)"
+echo "build: ok"
 
-python3 -m pytest -ra -q tests/gpu -p no:cacheprovider --continue-on-collection-errors 2>&1 | tee "$out/gpu_tests.log" | tail -25
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 -m pytest -q tests/core tests/torch tests/jax -p no:cacheprovider -x 2>&1 | tee "$out/cpu_suite.log" | tail -5
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
+step() {  # step NAME COMMAND...: runs with the step time limit, log in $out/NAME.log
+  local name=$1; shift
+  timeout "$step_seconds" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || status=1
+  echo "== $name (exit $rc)"; tail -"${TAIL:-8}" "$out/$name.log"
+}
 for bench in benchmarks/*.py; do
   name=$(basename "$bench" .py)
-  python3 "$bench" --json "$out/$name.json" > "$out/$name.log" 2>&1 || { status=1; echo "benchmark $name FAILED"; tail -20 "$out/$name.log"; }
+  TAIL=30 step "bench_$name" python3 "$bench" --json "$out/$name.json"
 done
-for bench in benchmarks/*.py; do
-  name=$(basename "$bench" .py)
-  echo "== $name"; cat "$out/$name.log" | tail -25
+for t in tests/gpu/test_*.py; do
+  step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5
 done
+step cpu_suite python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp -p no:cacheprovider
 exit $status

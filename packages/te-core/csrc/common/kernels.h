@@ -78,6 +78,39 @@ struct DelayedScalingEntry {
   int64_t num;
 };
 
+// One GEMM operand as the kernel reads it: the API has already picked the copy (row-wise or
+// column-wise) that gives the layout below, so `trans` describes the chosen data.
+struct GemmOperand {
+  const void* data;
+  int32_t dtype;            // fp32/fp16/bf16, or FP8 with scale_inv
+  int32_t scaling_mode;     // PER_TENSOR (also high precision: scale_inv == nullptr), BLOCK_1D/2D
+  bool trans;               // A: stored [K, M] (else [M, K]); B: stored [N, K] (else [K, N])
+  const float* scale_inv;   // [1] per-tensor; block layout of te/tensor.h for the chosen copy
+  int64_t scale_ld;         // leading dimension of a block scale_inv
+};
+
+// D[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta D, then the epilogue (te/gemm.h).
+struct GemmArgs {
+  int64_t m, n, k;
+  GemmOperand a, b;
+  float alpha, beta;
+  void* d;                  // [M, N] row-major
+  int32_t d_dtype;          // fp32/fp16/bf16, or FP8
+  const float* d_scale;     // FP8 output: [1], read
+  float* d_amax;            // FP8 output: [1] or nullptr, written max |result| before the cast
+  float* d_scale_inv;       // FP8 output: [1] or nullptr, written 1 / scale
+  int32_t epilogue;         // te_gemm_epilogue
+  const void* bias;         // [N] or nullptr
+  int32_t bias_dtype;
+  void* aux;                // [M, N]: GELU_AUX writes, DGELU reads
+  int32_t aux_dtype;
+  void* bias_grad;          // [M]: BGRAD writes
+  int32_t bias_grad_dtype;
+  bool split_accumulator;   // FP8 only
+  void* workspace;          // CUDA only; nullptr: the backend's own per stream
+  int64_t workspace_bytes;
+};
+
 // Each kernel exists in both namespaces with the same signature.
 #define TE_DECLARE_KERNELS                                                                     \
   void amax(const void* input, int32_t in_dtype, int64_t numel, float* amax, void* stream);     \
@@ -87,7 +120,8 @@ struct DelayedScalingEntry {
   void transpose(const void* input, void* output, int64_t rows, int64_t cols,                   \
                  int32_t elem_bytes, void* stream);                                             \
   void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count,              \
-                              float scaled_max, int32_t amax_compute_algo, void* stream);
+                              float scaled_max, int32_t amax_compute_algo, void* stream); \
+  void gemm(const GemmArgs& args, void* stream);
 
 namespace cpu {
 TE_DECLARE_KERNELS

@@ -165,6 +165,46 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("force_pow2_scales", &te_quant_config::force_pow2_scales)
       .def_readwrite("amax_epsilon", &te_quant_config::amax_epsilon);
 
+  py::enum_<te_gemm_epilogue>(m, "Epilogue")
+      .value("DEFAULT", TE_EPILOGUE_DEFAULT)
+      .value("BIAS", TE_EPILOGUE_BIAS)
+      .value("GELU_AUX", TE_EPILOGUE_GELU_AUX)
+      .value("DGELU", TE_EPILOGUE_DGELU)
+      .value("BGRAD", TE_EPILOGUE_BGRAD);
+
+  py::class_<te_gemm_config>(m, "GemmConfig", "te_gemm_config: build once, reuse per call")
+      .def(py::init([](bool trans_a, bool trans_b, float alpha, float beta, int32_t epilogue,
+                       std::optional<te_tensor> bias, std::optional<te_tensor> aux,
+                       std::optional<te_tensor> bias_grad, int32_t use_split_accumulator,
+                       std::optional<te_tensor> workspace) {
+             te_gemm_config c = te_gemm_config_init();
+             c.trans_a = trans_a;
+             c.trans_b = trans_b;
+             c.alpha = alpha;
+             c.beta = beta;
+             c.epilogue = epilogue;
+             c.bias = or_absent(bias);
+             c.aux = or_absent(aux);
+             c.bias_grad = or_absent(bias_grad);
+             c.use_split_accumulator = use_split_accumulator;
+             c.workspace = or_absent(workspace);
+             return c;
+           }),
+           py::arg("trans_a") = false, py::arg("trans_b") = false, py::arg("alpha") = 1.0f,
+           py::arg("beta") = 0.0f, py::arg("epilogue") = 0, py::arg("bias") = py::none(),
+           py::arg("aux") = py::none(), py::arg("bias_grad") = py::none(),
+           py::arg("use_split_accumulator") = -1, py::arg("workspace") = py::none())
+      .def_readwrite("trans_a", &te_gemm_config::trans_a)
+      .def_readwrite("trans_b", &te_gemm_config::trans_b)
+      .def_readwrite("alpha", &te_gemm_config::alpha)
+      .def_readwrite("beta", &te_gemm_config::beta)
+      .def_readwrite("epilogue", &te_gemm_config::epilogue)
+      .def_readwrite("bias", &te_gemm_config::bias)
+      .def_readwrite("aux", &te_gemm_config::aux)
+      .def_readwrite("bias_grad", &te_gemm_config::bias_grad)
+      .def_readwrite("use_split_accumulator", &te_gemm_config::use_split_accumulator)
+      .def_readwrite("workspace", &te_gemm_config::workspace);
+
   m.def(
       "amax",
       [](const te_tensor& input, te_tensor& amax, uintptr_t stream) {
@@ -194,6 +234,14 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("input"), py::arg("output"), py::arg("stream") = 0,
       py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "gemm",
+      [](const te_quantized_tensor& a, const te_quantized_tensor& b, te_quantized_tensor& d,
+         const std::optional<te_gemm_config>& config, uintptr_t stream) {
+        check(te_gemm(&a, &b, &d, config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("a"), py::arg("b"), py::arg("d"), py::arg("config") = py::none(),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
   m.def(
       "delayed_scaling_update",
       [](std::vector<te_tensor> amax_histories, std::vector<te_tensor> scales, float fp8_max,

@@ -8,5 +8,6 @@
 #include "te/device.h"
 #include "te/quantize.h"
 #include "te/recipe.h"
+#include "te/gemm.h"
 
 #endif /* TE_TE_H_ */

@@ -1,0 +1,588 @@
+// te_gemm on CUDA tensors through cuBLASLt (opened at run time: cublaslt.h).
+//
+// Contract (kernels.h GemmArgs; the API layer has validated dtypes, shapes and devices and picked
+// the operand copies): row-major D[M, N] = alpha op(A) op(B) + beta D, then the epilogue.
+//
+// cuBLASLt is column-major. A row-major [R, C] buffer is a column-major [C, R] one, so te's
+// product is computed as the column-major D^T[N, M] = op(B)^T op(A)^T: cuBLAS "A" is te's B,
+// cuBLAS "B" is te's A, cuBLAS (m, n, k) = te's (N, M, K), and D's leading dimension is N. Every
+// per-operand attribute is swapped with it (A_SCALE_* describe te's B). te's bias[N] is then the
+// bias over D^T's rows (CUBLASLT_EPILOGUE_BIAS as is), and te's bias_grad[M] = sum_k op(A)[i, k]
+// is the sum over k of cuBLAS B, i.e. CUBLASLT_EPILOGUE_BGRADB.
+// FP8: the API hands A as [M, K] and B as [N, K] (both K-contiguous), which is cuBLAS's only FP8
+// layout, "TN" (transa = T, transb = N).
+//
+// Steady state does no descriptor creation and no heuristic query: a Plan (matmul descriptor,
+// four layouts, the chosen algorithm) is cached per problem (PlanKey below: shapes, dtypes,
+// layouts, epilogue, scale modes, fast accumulation, pointer alignment classes, workspace size,
+// device); a call looks it up, sets the pointer attributes (scales, bias, aux, amax) under the
+// plan's own lock and enqueues cublasLtMatmul. The lock is held only while the descriptor is
+// written and the call is enqueued (cuBLASLt reads the descriptor at enqueue time).
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "common/kernels.h"
+#include "cuda/cublaslt.h"
+#include "cuda/cuda_utils.cuh"
+#include "te/gemm.h"
+
+namespace te {
+namespace cuda {
+namespace {
+
+constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+constexpr int kMaxDevices = 64;
+
+bool is_fp8(int32_t dt) { return dt == TE_DTYPE_FLOAT8_E4M3 || dt == TE_DTYPE_FLOAT8_E5M2; }
+
+const char* dtype_name(int32_t dt) {
+  switch (dt) {
+    case TE_DTYPE_FLOAT32: return "float32";
+    case TE_DTYPE_FLOAT16: return "float16";
+    case TE_DTYPE_BFLOAT16: return "bfloat16";
+    case TE_DTYPE_FLOAT8_E4M3: return "float8_e4m3";
+    case TE_DTYPE_FLOAT8_E5M2: return "float8_e5m2";
+    default: return "unknown";
+  }
+}
+
+const char* mode_name(int32_t mode) {
+  switch (mode) {
+    case TE_SCALING_PER_TENSOR: return "per-tensor";
+    case TE_SCALING_BLOCK_1D: return "block 1x128";
+    case TE_SCALING_BLOCK_2D: return "block 128x128";
+    default: return "unknown";
+  }
+}
+
+const char* epilogue_name(int32_t e) {
+  switch (e) {
+    case TE_EPILOGUE_DEFAULT: return "DEFAULT";
+    case TE_EPILOGUE_BIAS: return "BIAS";
+    case TE_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case TE_EPILOGUE_DGELU: return "DGELU";
+    case TE_EPILOGUE_BGRAD: return "BGRAD";
+    default: return "unknown";
+  }
+}
+
+cudaDataType_t cuda_dtype(int32_t dt) {
+  switch (dt) {
+    case TE_DTYPE_FLOAT32: return CUDA_R_32F;
+    case TE_DTYPE_FLOAT16: return CUDA_R_16F;
+    case TE_DTYPE_BFLOAT16: return CUDA_R_16BF;
+    case TE_DTYPE_FLOAT8_E4M3: return CUDA_R_8F_E4M3;
+    case TE_DTYPE_FLOAT8_E5M2: return CUDA_R_8F_E5M2;
+    default: fail(TE_ERROR_INTERNAL, "te_gemm: dtype ", dt, " has no cuBLASLt type");
+  }
+}
+
+// cuBLASLt's block scale modes (cublasLt.h >= 12.9). Per-tensor scales use the default mode
+// (SCALAR_32F), which is never set so that cuBLAS < 12.8 (no scale-mode attribute) works.
+int32_t cublas_scale_mode(int32_t te_mode) {
+  return te_mode == TE_SCALING_BLOCK_1D ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                        : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+// The largest power of two (<= 256) dividing the address; 256 for nullptr (no constraint).
+int64_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int64_t al = 256;
+  while (al > 1 && (a % static_cast<uintptr_t>(al)) != 0) al /= 2;
+  return al;
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+std::string describe(const GemmArgs& g) {
+  return concat("[M=", g.m, " N=", g.n, " K=", g.k, "; A ", dtype_name(g.a.dtype), " ",
+                mode_name(g.a.scaling_mode), g.a.trans ? " [K,M]" : " [M,K]", "; B ",
+                dtype_name(g.b.dtype), " ", mode_name(g.b.scaling_mode),
+                g.b.trans ? " [N,K]" : " [K,N]", "; D ", dtype_name(g.d_dtype), "; epilogue ",
+                epilogue_name(g.epilogue),
+                g.bias ? concat(", bias ", dtype_name(g.bias_dtype)) : std::string(),
+                g.aux ? concat(", aux ", dtype_name(g.aux_dtype)) : std::string(),
+                g.bias_grad ? concat(", bias_grad ", dtype_name(g.bias_grad_dtype)) : std::string(),
+                "; beta ", g.beta, "]");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks cuBLASLt cannot do for us with a useful message. They run before cuBLASLt is loaded, so
+// a bad shape gives the same error on every machine.
+
+void check_fp8_dim(const char* dim, const char* meaning, int64_t value) {
+  if (value % 16 != 0) {
+    fail(TE_ERROR_INVALID_ARGUMENT, "FP8 GEMM (cuBLASLt) needs ", dim, " (", meaning,
+         ") to be a multiple of 16, got ", dim, " = ", value,
+         ". Pad that dimension to a multiple of 16 (te_torch and te_jax do this with their "
+         "padding helpers; NUMERICS.md \"Shape rules\").");
+  }
+}
+
+void check_aligned16(const char* what, const void* p) {
+  if (p != nullptr && alignment(p) < 16) {
+    fail(TE_ERROR_INVALID_ARGUMENT, "FP8 GEMM (cuBLASLt) needs ", what,
+         " 16-byte aligned; its address ends in ...", reinterpret_cast<uintptr_t>(p) % 256,
+         " (mod 256). Pass a tensor that starts at an aligned address (a fresh allocation).");
+  }
+}
+
+// The block scale layout cuBLASLt reads has an implicit leading dimension; te's (te/tensor.h) is
+// padded to a multiple of 4 floats. `rows` is the operand's non-K dimension (M for A, N for B).
+void check_block_scales(const char* name, const GemmOperand& op, int64_t rows, int64_t k) {
+  if (op.scaling_mode != TE_SCALING_BLOCK_1D && op.scaling_mode != TE_SCALING_BLOCK_2D) return;
+  const int64_t want = op.scaling_mode == TE_SCALING_BLOCK_1D ? round_up(rows, 4)
+                                                              : round_up(ceil_div(k, 128), 4);
+  if (op.scale_ld != want) {
+    fail(TE_ERROR_INVALID_ARGUMENT, "te_gemm: ", name, "'s ", mode_name(op.scaling_mode),
+         " scale_inv has leading dimension ", op.scale_ld, ", cuBLASLt reads ", want,
+         " (te/tensor.h layout)");
+  }
+  check_aligned16(concat(name, "'s scale_inv").c_str(), op.scale_inv);
+}
+
+void check_args(const GemmArgs& g) {
+  const bool fp8 = is_fp8(g.a.dtype) || is_fp8(g.b.dtype);
+  if (fp8) {
+    if (g.a.trans || !g.b.trans) {
+      fail(TE_ERROR_INTERNAL, "te_gemm: FP8 operands must reach the CUDA backend K-contiguous "
+                              "(A [M,K], B [N,K]); got ", describe(g));
+    }
+    check_fp8_dim("K", "the reduction dimension, the operands' last dimension", g.k);
+    check_fp8_dim("N", "the output's last dimension", g.n);
+    check_aligned16("A's data", g.a.data);
+    check_aligned16("B's data", g.b.data);
+    check_aligned16("D", g.d);
+    check_block_scales("A", g.a, g.m, g.k);
+    check_block_scales("B", g.b, g.n, g.k);
+  }
+  if (is_fp8(g.d_dtype) && g.beta != 0.0f) {
+    fail(TE_ERROR_UNSUPPORTED, "te_gemm: accumulating (beta = ", g.beta,
+         ") into an FP8 output is not supported by cuBLASLt; accumulate in fp32/bf16");
+  }
+  if (g.epilogue == TE_EPILOGUE_GELU_AUX || g.epilogue == TE_EPILOGUE_DGELU) {
+    if (g.n % 8 != 0) {
+      fail(TE_ERROR_INVALID_ARGUMENT, "te_gemm: the ", epilogue_name(g.epilogue),
+           " epilogue (cuBLASLt) needs N (aux's last dimension, its leading dimension) to be a "
+           "multiple of 8, got N = ", g.n, "; pad N (NUMERICS.md \"Shape rules\")");
+    }
+    if (is_fp8(g.aux_dtype)) {
+      fail(TE_ERROR_UNSUPPORTED, "te_gemm: an FP8 aux (GELU input) is not supported; use the "
+                                 "output's high-precision dtype");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-device handle and per-(device, stream) workspace, created once.
+
+std::mutex g_mutex;  // guards the handles, the workspaces and the plan cache
+
+cublasLtHandle_t handle_for(int device) {
+  static cublasLtHandle_t handles[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) fail(TE_ERROR_UNSUPPORTED, "CUDA device ", device);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (handles[device] == nullptr) {
+    check_cublas(cublaslt().Create(&handles[device]), "cublasLtCreate");
+  }
+  return handles[device];
+}
+
+struct PairHash {
+  size_t operator()(const std::pair<int, cudaStream_t>& p) const {
+    return std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(p.second)) * 31u +
+           static_cast<size_t>(p.first);
+  }
+};
+
+// te's own workspace for a stream: allocated on first use, kept for the process (stream-ordered
+// reuse by every GEMM on that stream is safe: cuBLASLt's work on one stream is serial).
+void* stream_workspace(int device, cudaStream_t stream) {
+  static std::unordered_map<std::pair<int, cudaStream_t>, void*, PairHash> workspaces;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = workspaces.find({device, stream});
+  if (it != workspaces.end()) return it->second;
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, kDefaultWorkspaceBytes),
+             "cudaMalloc of te's 32 MiB cuBLASLt workspace (pass config.workspace to avoid it)");
+  workspaces.emplace(std::make_pair(device, stream), p);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan cache.
+
+struct PlanKey {
+  std::array<int64_t, 28> v{};
+  bool operator==(const PlanKey& o) const { return v == o.v; }
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t x : k.v) {
+      h ^= static_cast<uint64_t>(x);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;  // cuBLAS naming
+  cublasLtMatmulAlgo_t algo{};
+  std::mutex mu;
+  // Plans live as long as the process: never destroyed (the cache is static and cuBLASLt may be
+  // unloaded before static destructors run).
+};
+
+struct Setup {
+  bool fp8, fp8_out, block;
+  cublasLtEpilogue_t epilogue;
+  const void* epilogue_vector;  // BIAS_POINTER: bias, or bias_grad for BGRADB
+  int32_t epilogue_vector_dtype;
+  bool fast_accum;
+};
+
+Setup setup_of(const GemmArgs& g) {
+  Setup s{};
+  s.fp8 = is_fp8(g.a.dtype);
+  s.fp8_out = is_fp8(g.d_dtype);
+  s.block = s.fp8 && (g.a.scaling_mode != TE_SCALING_PER_TENSOR ||
+                      g.b.scaling_mode != TE_SCALING_PER_TENSOR);
+  // Block-scaled FP8 has no fast-accumulation kernels (and cuBLAS rejects the flag).
+  s.fast_accum = s.fp8 && !s.block && !g.split_accumulator;
+  s.epilogue_vector = nullptr;
+  s.epilogue_vector_dtype = -1;
+  switch (g.epilogue) {
+    case TE_EPILOGUE_BIAS:
+      s.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      s.epilogue_vector = g.bias;
+      s.epilogue_vector_dtype = g.bias_dtype;
+      break;
+    case TE_EPILOGUE_GELU_AUX:
+      s.epilogue = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      s.epilogue_vector = g.bias;
+      s.epilogue_vector_dtype = g.bias ? g.bias_dtype : -1;
+      break;
+    case TE_EPILOGUE_DGELU:
+      s.epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
+    case TE_EPILOGUE_BGRAD:
+      s.epilogue = CUBLASLT_EPILOGUE_BGRADB;  // sum over k of cuBLAS B = te's op(A)
+      s.epilogue_vector = g.bias_grad;
+      s.epilogue_vector_dtype = g.bias_grad_dtype;
+      break;
+    default:
+      s.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      break;
+  }
+  return s;
+}
+
+PlanKey key_of(const GemmArgs& g, const Setup& s, int device, size_t workspace_bytes) {
+  PlanKey k;
+  int i = 0;
+  auto put = [&](int64_t x) { k.v[i++] = x; };
+  put(device);
+  put(g.m);
+  put(g.n);
+  put(g.k);
+  put(g.a.dtype);
+  put(g.b.dtype);
+  put(g.d_dtype);
+  put(g.a.trans);
+  put(g.b.trans);
+  put(g.a.scaling_mode);
+  put(g.b.scaling_mode);
+  put(g.epilogue);
+  put(s.epilogue_vector ? s.epilogue_vector_dtype : -1);
+  put(g.aux ? g.aux_dtype : -1);
+  put(s.fast_accum);
+  put(g.beta != 0.0f);
+  put(g.d_amax != nullptr);
+  put(g.d_scale != nullptr);
+  put(alignment(g.a.data));
+  put(alignment(g.b.data));
+  put(alignment(g.d));
+  put(alignment(s.epilogue_vector));
+  put(alignment(g.aux));
+  put(alignment(g.a.scale_inv));
+  put(alignment(g.b.scale_inv));
+  put(static_cast<int64_t>(workspace_bytes));
+  return k;
+}
+
+template <typename T>
+void set_attr(const CublasLtApi& lt, cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+              const T& value, const char* name) {
+  check_cublas(lt.MatmulDescSetAttribute(desc, attr, &value, sizeof(value)), name);
+}
+
+#define TE_SET(lt, desc, attr, value) set_attr(lt, desc, attr, value, "cublasLtMatmulDescSetAttribute(" #attr ")")
+
+// Sets the attributes that hold pointers; called when the plan is built (cuBLASLt's heuristic
+// reads their alignment) and on every call.
+void set_pointers(const CublasLtApi& lt, cublasLtMatmulDesc_t desc, const GemmArgs& g,
+                  const Setup& s) {
+  if (s.fp8) {
+    // cuBLAS A is te's B (see the top of this file).
+    TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.b.scale_inv));
+    TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.a.scale_inv));
+  }
+  if (s.fp8_out) {
+    TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale));
+    if (g.d_amax != nullptr) {
+      TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.d_amax));
+    }
+  }
+  if (s.epilogue_vector != nullptr) {
+    TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.epilogue_vector);
+  }
+  if (g.epilogue == TE_EPILOGUE_GELU_AUX || g.epilogue == TE_EPILOGUE_DGELU) {
+    TE_SET(lt, desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+  }
+}
+
+std::string no_kernel_hint(const GemmArgs& g, const Setup& s) {
+  std::string h;
+  if (s.block) {
+    h += " Block-scaled FP8 (cuBLASLt >= 12.9, Hopper only) may need K a multiple of 128, a "
+         "bf16 or fp32 output and the DEFAULT or BIAS epilogue.";
+  }
+  if (s.fp8 && s.epilogue_vector != nullptr && g.epilogue != TE_EPILOGUE_BGRAD) {
+    h += " FP8 GEMMs take a bf16 or fp16 bias (an fp32 output needs a bf16 bias).";
+  }
+  if (!s.fp8 && s.epilogue_vector != nullptr && s.epilogue_vector_dtype != g.d_dtype) {
+    h += " cuBLASLt may require the bias / bias_grad dtype to equal the output's.";
+  }
+  if (s.fp8 && g.epilogue != TE_EPILOGUE_DEFAULT && g.epilogue != TE_EPILOGUE_BIAS) {
+    h += " FP8 GEMMs support few epilogues (DEFAULT, BIAS, GELU_AUX with a 16-bit aux).";
+  }
+  return h;
+}
+
+std::unique_ptr<Plan> build_plan(const CublasLtApi& lt, cublasLtHandle_t handle, const GemmArgs& g,
+                                 const Setup& s, void* workspace, size_t workspace_bytes) {
+  auto p = std::make_unique<Plan>();
+  // All inputs accumulate in fp32; fp32 inputs stay exact fp32 (no TF32).
+  check_cublas(lt.MatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+  const int32_t transa = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t transb = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_TRANSA, transa);
+  TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_TRANSB, transb);
+  const int32_t epilogue = static_cast<int32_t>(s.epilogue);
+  TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (s.fp8) {
+    const int8_t fast = s.fast_accum ? 1 : 0;
+    TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    if (s.block) {
+      if (lt.version < 120900) {
+        fail(TE_ERROR_UNSUPPORTED, "block-scaled FP8 GEMMs need cuBLASLt >= 12.9; ", lt.path,
+             " is ", lt.version);
+      }
+      const int32_t mode_a = cublas_scale_mode(g.b.scaling_mode);
+      const int32_t mode_b = cublas_scale_mode(g.a.scaling_mode);
+      TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode_a);
+      TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode_b);
+    }
+  }
+  if (s.epilogue_vector != nullptr) {
+    const int32_t t = cuda_dtype(s.epilogue_vector_dtype);
+    TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, t);
+  }
+  if (g.epilogue == TE_EPILOGUE_GELU_AUX || g.epilogue == TE_EPILOGUE_DGELU) {
+    const int64_t ld = g.n;
+    TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld);
+    if (g.aux_dtype != g.d_dtype || s.fp8) {
+      const int32_t t = cuda_dtype(g.aux_dtype);
+      TE_SET(lt, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, t);
+    }
+  }
+  set_pointers(lt, p->desc, g, s);
+
+  // Layouts, column-major (see the top of this file): cuBLAS A = te B, cuBLAS B = te A.
+  const uint64_t M = static_cast<uint64_t>(g.m), N = static_cast<uint64_t>(g.n),
+                 K = static_cast<uint64_t>(g.k);
+  const cudaDataType_t ta = cuda_dtype(g.b.dtype), tb = cuda_dtype(g.a.dtype),
+                       td = cuda_dtype(g.d_dtype);
+  if (g.b.trans) {
+    check_cublas(lt.MatrixLayoutCreate(&p->a, ta, K, N, g.k), "cublasLtMatrixLayoutCreate(A)");
+  } else {
+    check_cublas(lt.MatrixLayoutCreate(&p->a, ta, N, K, g.n), "cublasLtMatrixLayoutCreate(A)");
+  }
+  if (g.a.trans) {
+    check_cublas(lt.MatrixLayoutCreate(&p->b, tb, M, K, g.m), "cublasLtMatrixLayoutCreate(B)");
+  } else {
+    check_cublas(lt.MatrixLayoutCreate(&p->b, tb, K, M, g.k), "cublasLtMatrixLayoutCreate(B)");
+  }
+  check_cublas(lt.MatrixLayoutCreate(&p->d, td, N, M, g.n), "cublasLtMatrixLayoutCreate(D)");
+  // C is D itself, except for an FP8 output: cuBLASLt then wants C in the bias's 16-bit type
+  // (bf16 without a bias) and never reads it (beta = 0, checked).
+  cudaDataType_t tc = td;
+  if (s.fp8_out) {
+    tc = (s.epilogue_vector != nullptr && g.epilogue != TE_EPILOGUE_BGRAD)
+             ? cuda_dtype(s.epilogue_vector_dtype)
+             : CUDA_R_16BF;
+  }
+  check_cublas(lt.MatrixLayoutCreate(&p->c, tc, N, M, g.n), "cublasLtMatrixLayoutCreate(C)");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_cublas(lt.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  struct PrefGuard {
+    const CublasLtApi& lt;
+    cublasLtMatmulPreference_t p;
+    ~PrefGuard() { lt.MatmulPreferenceDestroy(p); }
+  } guard{lt, pref};
+  const uint64_t ws = workspace_bytes;
+  check_cublas(lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                               sizeof(ws)),
+               "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+  const uint32_t al_a = static_cast<uint32_t>(alignment(g.b.data));
+  const uint32_t al_b = static_cast<uint32_t>(alignment(g.a.data));
+  const uint32_t al_c = static_cast<uint32_t>(alignment(s.fp8_out ? nullptr : g.d));
+  const uint32_t al_d = static_cast<uint32_t>(alignment(g.d));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+  for (const auto& [attr, value] : aligns) {
+    check_cublas(lt.MatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)),
+                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+  }
+  (void)workspace;
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      lt.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+      (st == CUBLAS_STATUS_SUCCESS && count == 0)) {
+    fail(TE_ERROR_UNSUPPORTED, "cuBLASLt ", lt.version, " (", lt.path,
+         ") has no kernel for this GEMM on this GPU: ", describe(g),
+         st == CUBLAS_STATUS_SUCCESS ? "" : concat(" (", lt.GetStatusString(st), ")"), ".",
+         no_kernel_hint(g, s));
+  }
+  check_cublas(st, "cublasLtMatmulAlgoGetHeuristic");
+  p->algo = result.algo;
+  return p;
+}
+
+Plan* plan_for(const CublasLtApi& lt, cublasLtHandle_t handle, const GemmArgs& g, const Setup& s,
+               int device, void* workspace, size_t workspace_bytes) {
+  static std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> cache;
+  const PlanKey key = key_of(g, s, device, workspace_bytes);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second.get();
+  }
+  // Built outside the lock (heuristics take tens of microseconds); a racing thread may build the
+  // same plan, and the first one inserted wins (the loser's descriptors leak, once).
+  std::unique_ptr<Plan> built = build_plan(lt, handle, g, s, workspace, workspace_bytes);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto [it, inserted] = cache.emplace(key, std::move(built));
+  return it->second.get();
+}
+
+__global__ void reciprocal_kernel(const float* __restrict__ scale, float* __restrict__ out) {
+  *out = __frcp_rn(*scale);  // correctly rounded 1 / scale, as the CPU backend's 1.0f / scale
+}
+
+int current_compute_major(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Outputs of a product with no terms (M, N or K zero).
+void degenerate(const GemmArgs& g, cudaStream_t stream) {
+  const size_t d_bytes = static_cast<size_t>(g.m) * static_cast<size_t>(g.n) *
+                         (g.d_dtype == TE_DTYPE_FLOAT32 ? 4 : is_fp8(g.d_dtype) ? 1 : 2);
+  const bool empty_out = g.m == 0 || g.n == 0;
+  if (!empty_out) {  // K == 0: op(A) op(B) = 0
+    if (g.epilogue != TE_EPILOGUE_DEFAULT && g.epilogue != TE_EPILOGUE_BGRAD) {
+      fail(TE_ERROR_UNSUPPORTED, "te_gemm on CUDA: K = 0 with the ", epilogue_name(g.epilogue),
+           " epilogue");
+    }
+    if (g.beta == 0.0f) {
+      check_cuda(cudaMemsetAsync(g.d, 0, d_bytes, stream), "cudaMemsetAsync(D)");
+    } else if (g.beta != 1.0f) {
+      fail(TE_ERROR_UNSUPPORTED, "te_gemm on CUDA: K = 0 with beta = ", g.beta);
+    }
+  }
+  if (g.epilogue == TE_EPILOGUE_BGRAD && g.m > 0) {
+    if (g.k > 0) {
+      fail(TE_ERROR_UNSUPPORTED, "te_gemm on CUDA: BGRAD with N = 0 and K > 0");
+    }
+    const size_t elem = g.bias_grad_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
+    check_cuda(cudaMemsetAsync(g.bias_grad, 0, static_cast<size_t>(g.m) * elem, stream),
+               "cudaMemsetAsync(bias_grad)");
+  }
+  if (is_fp8(g.d_dtype) && g.d_amax != nullptr) {
+    check_cuda(cudaMemsetAsync(g.d_amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
+  }
+}
+
+#undef TE_SET
+
+}  // namespace
+
+void gemm(const GemmArgs& g, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  check_args(g);  // before cuBLASLt: shape errors do not depend on the machine
+  const Setup s = setup_of(g);
+
+  if (g.m == 0 || g.n == 0 || g.k == 0) {
+    degenerate(g, stream);
+  } else {
+    const CublasLtApi& lt = cublaslt();
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    if (s.block && current_compute_major(device) != 9) {
+      fail(TE_ERROR_UNSUPPORTED, "block-scaled FP8 (1x128 / 128x128) GEMMs run natively only on "
+                                 "Hopper (compute capability 9.x); device ", device, " is ",
+           current_compute_major(device), ".x");
+    }
+    const cublasLtHandle_t handle = handle_for(device);
+    void* workspace = g.workspace;
+    size_t workspace_bytes = static_cast<size_t>(g.workspace_bytes);
+    if (workspace == nullptr || workspace_bytes == 0) {
+      workspace = stream_workspace(device, stream);
+      workspace_bytes = kDefaultWorkspaceBytes;
+    }
+    Plan* plan = plan_for(lt, handle, g, s, device, workspace, workspace_bytes);
+    {
+      std::lock_guard<std::mutex> lock(plan->mu);
+      set_pointers(lt, plan->desc, g, s);
+      const float alpha = g.alpha, beta = g.beta;
+      const void* c = s.fp8_out ? nullptr : g.d;
+      // cuBLAS A = te B, cuBLAS B = te A.
+      check_cublas(lt.Matmul(handle, plan->desc, &alpha, g.b.data, plan->a, g.a.data, plan->b,
+                             &beta, c, plan->c, g.d, plan->d, &plan->algo, workspace,
+                             workspace_bytes, stream),
+                   "cublasLtMatmul");
+    }
+  }
+  if (is_fp8(g.d_dtype) && g.d_scale_inv != nullptr) {
+    reciprocal_kernel<<<1, 1, 0, stream>>>(g.d_scale, g.d_scale_inv);
+    check_launch("te_gemm reciprocal_kernel (D's scale_inv)");
+  }
+}
+
+}  // namespace cuda
+}  // namespace te

@@ -1,0 +1,78 @@
+/* te C API: matrix products, D = alpha * op(A) * op(B) + beta * D, with training epilogues.
+ *
+ * Row-major, as the math reads: op(A) is [M, K], op(B) is [K, N], D is [M, N].
+ *   trans_a = 0: A is stored [M, K];  trans_a = 1: A is stored [K, M] and op(A) = A^T.
+ *   trans_b = 0: B is stored [K, N];  trans_b = 1: B is stored [N, K] and op(B) = B^T.
+ * A Linear layer y = x w^T is (A = x, B = w, trans_b = 1); its dgrad dx = dy w is (A = dy,
+ * B = w); its wgrad dw = dy^T x is (A = dy, trans_a = 1, B = x).
+ *
+ * Operands are te_quantized_tensor. A high-precision operand (fp32/fp16/bf16) is its
+ * rowwise_data alone (scaling mode PER_TENSOR, no scale_inv). A quantized operand's shape is
+ * that of its source ([M, K] for A with trans_a = 0, ...). FP8 GEMMs read both operands with K
+ * contiguous (Hopper's only FP8 layout): where op() needs the other orientation, te reads the
+ * operand's column-wise copy, which the quantizer wrote in the same pass; it never transposes
+ * per call. A quantized operand missing the copy a layout needs is an error that says which.
+ *
+ * Supported: fp32 x fp32, fp16 x fp16, bf16 x bf16; FP8 per-tensor E4M3 x E4M3, E4M3 x E5M2,
+ * E5M2 x E4M3 (with scale_inv); FP8 block-scaled 1x128 x 128x128 and 1x128 x 1x128 (at most one
+ * 2-D operand). Accumulation is fp32. The output D is fp32, fp16 or bf16, or per-tensor FP8
+ * (rowwise_data E4M3/E5M2 with `scale` read, `amax` written as max |result| before the cast,
+ * rowwise_scale_inv written 1/scale). MXFP8 and NVFP4 operands: TE_ERROR_UNSUPPORTED for now.
+ *
+ * Runs on the device of its tensors: the CUDA backend through cuBLASLt (loaded at run time), the
+ * CPU backend as the reference (fp32 accumulation of the dequantized operands). */
+#ifndef TE_GEMM_H_
+#define TE_GEMM_H_
+
+#include "te/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum te_gemm_epilogue {
+  TE_EPILOGUE_DEFAULT = 0,   /* D = alpha op(A) op(B) + beta D */
+  TE_EPILOGUE_BIAS = 1,      /* ... + bias[N], broadcast over the M rows */
+  TE_EPILOGUE_GELU_AUX = 2,  /* aux = the pre-activation (with bias if given); D = gelu(aux) */
+  TE_EPILOGUE_DGELU = 3,     /* D = (alpha op(A) op(B)) * gelu'(aux), aux the saved pre-activation */
+  TE_EPILOGUE_BGRAD = 4      /* bias_grad[i] = sum over k of op(A)[i, k] (dbias of a wgrad) */
+} te_gemm_epilogue;
+
+/* gelu is the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+
+typedef struct te_gemm_config {
+  uint32_t struct_size; /* sizeof(te_gemm_config) as compiled by the caller */
+  int32_t trans_a;
+  int32_t trans_b;
+  float alpha;          /* default 1 */
+  float beta;           /* default 0; 1 accumulates into D (e.g. an fp32 main_grad) */
+  int32_t epilogue;     /* te_gemm_epilogue */
+  te_tensor bias;       /* BIAS, GELU_AUX (optional): [N], the output's dtype or fp32 */
+  te_tensor aux;        /* GELU_AUX: written; DGELU: read. [M, N], the output's dtype */
+  te_tensor bias_grad;  /* BGRAD: written, [M], the output's dtype or fp32 */
+  /* FP8 only: 1 = promote partial sums to fp32 often (accurate; dgrad/wgrad default), 0 = fast
+   * accumulation (fprop default). -1: 1, te's safe default. */
+  int32_t use_split_accumulator;
+  /* CUDA only: scratch for cuBLASLt, uint8, >= 32 MiB recommended; absent: te keeps one per
+   * stream. */
+  te_tensor workspace;
+} te_gemm_config;
+
+static inline te_gemm_config te_gemm_config_init(void) {
+  te_gemm_config c;
+  unsigned char* p = (unsigned char*)&c;
+  for (size_t i = 0; i < sizeof(c); ++i) p[i] = 0;
+  c.struct_size = (uint32_t)sizeof(te_gemm_config);
+  c.alpha = 1.0f;
+  c.use_split_accumulator = -1;
+  return c;
+}
+
+TE_API te_status te_gemm(const te_quantized_tensor* a, const te_quantized_tensor* b,
+                         te_quantized_tensor* d, const te_gemm_config* config, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_GEMM_H_ */
