@@ -13,26 +13,38 @@ and fused epilogues on the 4096->16384 fprop / wgrad shapes:
 CUDA events after warm-up, median of --iters runs; te descriptors are built once outside timing.
 --json PATH writes every figure.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
+import te_core._C as C
 import torch
 import torch.nn.functional as F
 
-import te_core._C as C
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
 
 CUDA = int(C.DeviceType.CUDA)
 MODE = C.ScalingMode
 
 
-def desc(t: torch.Tensor, dtype: int | None = None) -> "C.Tensor":
-    dt = dtype if dtype is not None else int(
-        {torch.float32: C.DType.FLOAT32, torch.float16: C.DType.FLOAT16,
-         torch.bfloat16: C.DType.BFLOAT16}[t.dtype])
+def desc(t: torch.Tensor, dtype: int | None = None) -> C.Tensor:
+    dt = (
+        dtype
+        if dtype is not None
+        else int(
+            {
+                torch.float32: C.DType.FLOAT32,
+                torch.float16: C.DType.FLOAT16,
+                torch.bfloat16: C.DType.BFLOAT16,
+            }[t.dtype]
+        )
+    )
     return C.Tensor(t.data_ptr(), dt, tuple(t.shape), CUDA, t.device.index or 0)
 
 
@@ -68,16 +80,31 @@ def te_fp8(x: torch.Tensor, mode=MODE.PER_TENSOR):
     if mode == MODE.PER_TENSOR:
         rs, cs, amax, scale = (torch.zeros(1, device="cuda") for _ in range(4))
         keep += [rs, cs, amax, scale]
-        q = C.QuantizedTensor(int(mode), rowwise_data=desc(rw, E4M3), rowwise_scale_inv=desc(rs, F32),
-                              columnwise_data=desc(cw, E4M3), columnwise_scale_inv=desc(cs, F32),
-                              amax=desc(amax, F32), scale=desc(scale, F32))
+        q = C.QuantizedTensor(
+            int(mode),
+            rowwise_data=desc(rw, E4M3),
+            rowwise_scale_inv=desc(rs, F32),
+            columnwise_data=desc(cw, E4M3),
+            columnwise_scale_inv=desc(cs, F32),
+            amax=desc(amax, F32),
+            scale=desc(scale, F32),
+        )
         C.quantize(desc(x), q, C.QuantConfig(compute_scale=True), stream())
     else:
-        rs = torch.zeros(C.quantized_shape(int(mode), int(C.Part.ROWWISE_SCALE_INV), list(x.shape)), device="cuda")
-        cs = torch.zeros(C.quantized_shape(int(mode), int(C.Part.COLUMNWISE_SCALE_INV), list(x.shape)), device="cuda")
+        rs = torch.zeros(
+            C.quantized_shape(int(mode), int(C.Part.ROWWISE_SCALE_INV), list(x.shape)), device="cuda"
+        )
+        cs = torch.zeros(
+            C.quantized_shape(int(mode), int(C.Part.COLUMNWISE_SCALE_INV), list(x.shape)), device="cuda"
+        )
         keep += [rs, cs]
-        q = C.QuantizedTensor(int(mode), rowwise_data=desc(rw, E4M3), rowwise_scale_inv=desc(rs, F32),
-                              columnwise_data=desc(cw, E4M3), columnwise_scale_inv=desc(cs, F32))
+        q = C.QuantizedTensor(
+            int(mode),
+            rowwise_data=desc(rw, E4M3),
+            rowwise_scale_inv=desc(rs, F32),
+            columnwise_data=desc(cw, E4M3),
+            columnwise_scale_inv=desc(cs, F32),
+        )
         C.quantize(desc(x), q, C.QuantConfig(force_pow2_scales=True), stream())
     return q, keep
 
@@ -96,9 +123,11 @@ def gemm_cases(tokens: int):
     cases = [("8192^3", 8192, 8192, 8192, False, True)]
     for fin, fout in [(4096, 4096), (4096, 16384)]:
         tag = f"{fin}->{fout}"
-        cases += [(f"{tag} fprop", tokens, fout, fin, False, True),
-                  (f"{tag} dgrad", tokens, fin, fout, False, False),
-                  (f"{tag} wgrad", fout, fin, tokens, True, False)]
+        cases += [
+            (f"{tag} fprop", tokens, fout, fin, False, True),
+            (f"{tag} dgrad", tokens, fin, fout, False, False),
+            (f"{tag} wgrad", fout, fin, tokens, True, False),
+        ]
     return cases
 
 
@@ -128,7 +157,11 @@ def scaled_mm_block(a, b, ta, tb, b_2d: bool):
     # 1x128 scales for A as [M, K/128] (column-major, as cuBLAS reads them), B 128x128 as
     # [K/128, N/128] (or 1x128 as [K/128, N]).
     sa = torch.ones((k // 128, m), device="cuda").t()
-    sb = torch.ones((n // 128, k // 128), device="cuda").t() if b_2d else torch.ones((k // 128, n), device="cuda")
+    sb = (
+        torch.ones((n // 128, k // 128), device="cuda").t()
+        if b_2d
+        else torch.ones((k // 128, n), device="cuda")
+    )
     fn = lambda: torch._scaled_mm(a_mk, b_nk.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
     fn()
     return fn
@@ -168,14 +201,15 @@ def main() -> int:
         cfg = C.GemmConfig(trans_a=ta, trans_b=tb, workspace=desc(ws, int(C.DType.UINT8)))
         te_ms = time_ms(te_call(hp(a), hp(b), hp(d), cfg), args.iters)
         oa, ob = op(a, ta), op(b, tb)
-        peer = time_ms(lambda: torch.matmul(oa, ob), args.iters)
+        peer = time_ms(lambda oa=oa, ob=ob: torch.matmul(oa, ob), args.iters)
         row(results, name, "bf16", flops, te_ms, peer)
         # FP8 per-tensor
         qa, ka = te_fp8(a)
         qb, kb = te_fp8(b)
         split = 0 if "fprop" in name or name == "8192^3" else 1
-        cfg8 = C.GemmConfig(trans_a=ta, trans_b=tb, use_split_accumulator=split,
-                            workspace=desc(ws, int(C.DType.UINT8)))
+        cfg8 = C.GemmConfig(
+            trans_a=ta, trans_b=tb, use_split_accumulator=split, workspace=desc(ws, int(C.DType.UINT8))
+        )
         te_ms = time_ms(te_call(qa, qb, hp(d), cfg8), args.iters)
         try:
             peer = time_ms(scaled_mm_per_tensor(a, b, ta, tb), args.iters)
@@ -194,8 +228,15 @@ def main() -> int:
                 peer = time_ms(scaled_mm_block(a, b, ta, tb, b_2d), args.iters)
                 row(results, name, "fp8_block", flops, te_ms, peer)
             except Exception as e:  # noqa: BLE001
-                row(results, name, "fp8_block", flops, te_ms, None,
-                    f"torch._scaled_mm block scales unsupported: {type(e).__name__}: {str(e)[:60]}")
+                row(
+                    results,
+                    name,
+                    "fp8_block",
+                    flops,
+                    te_ms,
+                    None,
+                    f"torch._scaled_mm block scales unsupported: {type(e).__name__}: {str(e)[:60]}",
+                )
             del qa, qb, ka, kb
         except Exception as e:  # noqa: BLE001
             print(f"{name:22s} fp8_block   te failed: {e}", flush=True)
@@ -210,8 +251,13 @@ def main() -> int:
     bias = torch.randn((fout,), device="cuda", dtype=torch.bfloat16)
     y = torch.empty((t, fout), device="cuda", dtype=torch.bfloat16)
     aux = torch.empty_like(y)
-    cfg = C.GemmConfig(trans_b=True, epilogue=int(C.Epilogue.GELU_AUX), bias=desc(bias), aux=desc(aux),
-                       workspace=desc(ws, int(C.DType.UINT8)))
+    cfg = C.GemmConfig(
+        trans_b=True,
+        epilogue=int(C.Epilogue.GELU_AUX),
+        bias=desc(bias),
+        aux=desc(aux),
+        workspace=desc(ws, int(C.DType.UINT8)),
+    )
     te_ms = time_ms(te_call(hp(x), hp(w), hp(y), cfg), args.iters)
 
     def torch_bias_gelu():

@@ -18,10 +18,14 @@ Only collected where torch and a GPU exist (tests/gpu/conftest.py skips everythi
 # ruff: noqa: B023
 from __future__ import annotations
 
+import os
 import zlib
 
 import pytest
 from te_core import _C
+
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
 
 D, M, P, E = _C.DType, _C.ScalingMode, _C.Part, _C.Epilogue
 CUDA = int(_C.DeviceType.CUDA)
@@ -102,23 +106,39 @@ def fp8_operand(x, fmt="e4m3", mode=None):
         amax = torch.zeros(1, device="cuda")
         scale = torch.ones(1, device="cuda")
         q = _C.QuantizedTensor(
-            int(mode), rowwise_data=desc(rw, e), rowwise_scale_inv=desc(rs, f), columnwise_data=desc(cw, e),
-            columnwise_scale_inv=desc(cs, f), amax=desc(amax, f), scale=desc(scale, f),
+            int(mode),
+            rowwise_data=desc(rw, e),
+            rowwise_scale_inv=desc(rs, f),
+            columnwise_data=desc(cw, e),
+            columnwise_scale_inv=desc(cs, f),
+            amax=desc(amax, f),
+            scale=desc(scale, f),
         )
         _C.quantize(desc(xc), q, _C.QuantConfig(compute_scale=True), stream())
     else:
-        rs = torch.zeros(_C.quantized_shape(int(mode), int(P.ROWWISE_SCALE_INV), list(x.shape)), device="cuda")
-        cs = torch.zeros(_C.quantized_shape(int(mode), int(P.COLUMNWISE_SCALE_INV), list(x.shape)), device="cuda")
+        rs = torch.zeros(
+            _C.quantized_shape(int(mode), int(P.ROWWISE_SCALE_INV), list(x.shape)), device="cuda"
+        )
+        cs = torch.zeros(
+            _C.quantized_shape(int(mode), int(P.COLUMNWISE_SCALE_INV), list(x.shape)), device="cuda"
+        )
         q = _C.QuantizedTensor(
-            int(mode), rowwise_data=desc(rw, e), rowwise_scale_inv=desc(rs, f), columnwise_data=desc(cw, e),
+            int(mode),
+            rowwise_data=desc(rw, e),
+            rowwise_scale_inv=desc(rs, f),
+            columnwise_data=desc(cw, e),
             columnwise_scale_inv=desc(cs, f),
         )
         _C.quantize(desc(xc), q, _C.QuantConfig(force_pow2_scales=True), stream())
     torch.cuda.synchronize()
     return Operand(
         mode,
-        {"rowwise_data": (rw, e), "rowwise_scale_inv": (rs, f), "columnwise_data": (cw, e),
-         "columnwise_scale_inv": (cs, f)},
+        {
+            "rowwise_data": (rw, e),
+            "rowwise_scale_inv": (rs, f),
+            "columnwise_data": (cw, e),
+            "columnwise_scale_inv": (cs, f),
+        },
     )
 
 
@@ -136,7 +156,11 @@ def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, extras=None
     torch = _torch()
     out = {}
     if fp8_out is None:
-        d = d_init.clone().to(device) if d_init is not None else torch.full((m, n), float("nan"), dtype=out_dtype, device=device)
+        d = (
+            d_init.clone().to(device)
+            if d_init is not None
+            else torch.full((m, n), float("nan"), dtype=out_dtype, device=device)
+        )
         dq = _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=desc(d))
     else:
         e = int(D.FLOAT8_E4M3 if fp8_out == "e4m3" else D.FLOAT8_E5M2)
@@ -145,7 +169,11 @@ def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, extras=None
         amax = torch.full((1,), float("nan"), device=device)
         sinv = torch.full((1,), float("nan"), device=device)
         dq = _C.QuantizedTensor(
-            int(M.PER_TENSOR), rowwise_data=desc(d, e), scale=desc(scale), amax=desc(amax), rowwise_scale_inv=desc(sinv)
+            int(M.PER_TENSOR),
+            rowwise_data=desc(d, e),
+            scale=desc(scale),
+            amax=desc(amax),
+            rowwise_scale_inv=desc(sinv),
         )
         out.update(amax=amax, scale_inv=sinv)
     kw = dict(cfg)
@@ -182,7 +210,11 @@ def assert_fp8_close(got, want, what):
     torch = _torch()
     g, w = got.view(torch.uint8).int(), want.view(torch.uint8).int()
     same_sign = ((g ^ w) & 0x80) == 0
-    close = (g == w) | (same_sign & ((g & 0x7F) - (w & 0x7F)).abs().le(1)) | (((g & 0x7F) <= 1) & ((w & 0x7F) <= 1))
+    close = (
+        (g == w)
+        | (same_sign & ((g & 0x7F) - (w & 0x7F)).abs().le(1))
+        | (((g & 0x7F) <= 1) & ((w & 0x7F) <= 1))
+    )
     frac = close.float().mean().item()
     assert frac >= 0.999, f"{what}: only {frac:.5f} of FP8 outputs within one ulp"
 
@@ -381,9 +413,7 @@ def test_fp8_block(shape, layout, modes):
 # ---- shape errors ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "shape,dim", [((32, 32, 24), "K"), ((32, 40, 32), "N"), ((16, 8, 16), "N")], ids=str
-)
+@pytest.mark.parametrize("shape,dim", [((32, 32, 24), "K"), ((32, 40, 32), "N"), ((16, 8, 16), "N")], ids=str)
 def test_fp8_shape_not_multiple_of_16_is_a_clear_error(shape, dim):
     torch = _torch()
     m, n, k = shape
@@ -391,8 +421,13 @@ def test_fp8_shape_not_multiple_of_16_is_a_clear_error(shape, dim):
     A, B = fp8_operand(a), fp8_operand(b)
     d = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match=rf"{dim} .*multiple of 16.*got {dim} = .*pad"):
-        _C.gemm(A.on("cuda"), B.on("cuda"), _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=desc(d)),
-                _C.GemmConfig(trans_b=True), stream())
+        _C.gemm(
+            A.on("cuda"),
+            B.on("cuda"),
+            _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=desc(d)),
+            _C.GemmConfig(trans_b=True),
+            stream(),
+        )
 
 
 def test_repeated_calls_reuse_the_plan_and_follow_new_pointers():

@@ -20,6 +20,7 @@
 // written and the call is enqueued (cuBLASLt reads the descriptor at enqueue time).
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -542,7 +543,23 @@ void degenerate(const GemmArgs& g, cudaStream_t stream) {
 
 }  // namespace
 
+// The first H200 run of tests/gpu/test_gemm.py (2026-11-30) passed 162 cases and failed 30,
+// block-scaled FP8 at multi-block shapes among them; until every case matches the CPU reference,
+// CUDA GEMMs run only when asked for explicitly, so no caller gets an unverified result by default.
+static bool experimental_gemm_enabled() {
+  static const bool enabled = [] {
+    const char* flag = std::getenv("TE_EXPERIMENTAL_CUDA_GEMM");
+    return flag != nullptr && std::strcmp(flag, "1") == 0;
+  }();
+  return enabled;
+}
+
 void gemm(const GemmArgs& g, void* stream_ptr) {
+  if (!experimental_gemm_enabled()) {
+    fail(TE_ERROR_UNSUPPORTED, "te_gemm on CUDA tensors is experimental in te-core 0.1 (not yet "
+         "verified against the CPU reference for every case); set TE_EXPERIMENTAL_CUDA_GEMM=1 to "
+         "use it, or run the GEMM on CPU tensors");
+  }
   const cudaStream_t stream = as_stream(stream_ptr);
   check_args(g);  // before cuBLASLt: shape errors do not depend on the machine
   const Setup s = setup_of(g);
