@@ -86,3 +86,45 @@ def transpose_output(shape: tuple[int, ...], dtype: int) -> TensorSpec:
     for d in shape[:-1]:
         rows *= d
     return TensorSpec((cols, rows), dtype)
+
+
+GEMM_OUTPUTS = ("d", "aux", "bias_grad")
+
+
+def gemm_dims(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool
+) -> tuple[int, int, int]:
+    """(M, N, K) of D = op(A) op(B) for sources of these shapes (te/gemm.h: row-major; A is
+    [M, K], or [K, M] with trans_a; B is [K, N], or [N, K] with trans_b; leading dims of an
+    operand flatten into its rows)."""
+
+    def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+        cols = shape[-1] if shape else 1
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        return rows, cols
+
+    a_rows, a_cols = matrix(a_shape)
+    b_rows, b_cols = matrix(b_shape)
+    m, k = (a_cols, a_rows) if trans_a else (a_rows, a_cols)
+    n, k_b = (b_rows, b_cols) if trans_b else (b_cols, b_rows)
+    if k != k_b:
+        raise ValueError(
+            f"gemm: op(A) is [{m}, {k}] but op(B) is [{k_b}, {n}]: the inner dimensions must match "
+            f"(A {tuple(a_shape)}, trans_a={trans_a}; B {tuple(b_shape)}, trans_b={trans_b})"
+        )
+    return m, n, k
+
+
+def gemm_outputs(
+    m: int, n: int, out_dtype: int, aux: bool, bias_grad: bool, bias_grad_dtype: int
+) -> tuple[TensorSpec, ...]:
+    """Output specs of te_gemm in GEMM_OUTPUTS order: D [M, N] in ``out_dtype``; the GELU
+    pre-activation ``aux`` [M, N] (same dtype) when asked; ``bias_grad`` [M] when asked. Absent
+    ones have ABSENT_SHAPE."""
+    return (
+        TensorSpec((m, n), out_dtype),
+        TensorSpec((m, n) if aux else ABSENT_SHAPE, out_dtype),
+        TensorSpec((m,) if bias_grad else ABSENT_SHAPE, bias_grad_dtype),
+    )
