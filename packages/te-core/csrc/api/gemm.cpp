@@ -23,20 +23,6 @@
 namespace te {
 namespace {
 
-bool is_fp8(int32_t dtype) {
-  return dtype == TE_DTYPE_FLOAT8_E4M3 || dtype == TE_DTYPE_FLOAT8_E5M2;
-}
-
-const char* epilogue_name(int32_t e) {
-  switch (e) {
-    case TE_EPILOGUE_DEFAULT: return "DEFAULT";
-    case TE_EPILOGUE_BIAS: return "BIAS";
-    case TE_EPILOGUE_GELU_AUX: return "GELU_AUX";
-    case TE_EPILOGUE_DGELU: return "DGELU";
-    case TE_EPILOGUE_BGRAD: return "BGRAD";
-  }
-  return "unknown";
-}
 
 te_gemm_config read_config(const te_gemm_config* config) {
   te_gemm_config c = te_gemm_config_init();

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/kernels.h"
+#include "te/gemm.h"
 
 namespace te {
 
@@ -32,6 +33,21 @@ const char* scaling_mode_name(int32_t mode) {
     case TE_SCALING_NVFP4_1D: return "nvfp4_1d";
   }
   return "unknown";
+}
+
+const char* epilogue_name(int32_t epilogue) {
+  switch (epilogue) {
+    case TE_EPILOGUE_DEFAULT: return "DEFAULT";
+    case TE_EPILOGUE_BIAS: return "BIAS";
+    case TE_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case TE_EPILOGUE_DGELU: return "DGELU";
+    case TE_EPILOGUE_BGRAD: return "BGRAD";
+  }
+  return "unknown";
+}
+
+bool is_fp8(int32_t dtype) {
+  return dtype == TE_DTYPE_FLOAT8_E4M3 || dtype == TE_DTYPE_FLOAT8_E5M2;
 }
 
 std::string shape_string(const int64_t* shape, int32_t ndim) {

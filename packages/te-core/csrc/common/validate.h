@@ -15,6 +15,8 @@ namespace te {
 
 const char* dtype_name(int32_t dtype);
 const char* scaling_mode_name(int32_t mode);
+const char* epilogue_name(int32_t epilogue);
+bool is_fp8(int32_t dtype);
 std::string shape_string(const int64_t* shape, int32_t ndim);
 std::string shape_string(const std::vector<int64_t>& shape);
 

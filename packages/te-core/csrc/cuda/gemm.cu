@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "common/kernels.h"
+#include "common/validate.h"
 #include "cuda/cublaslt.h"
 #include "cuda/cuda_utils.cuh"
 #include "te/gemm.h"
@@ -39,39 +40,6 @@ namespace {
 
 constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxDevices = 64;
-
-bool is_fp8(int32_t dt) { return dt == TE_DTYPE_FLOAT8_E4M3 || dt == TE_DTYPE_FLOAT8_E5M2; }
-
-const char* dtype_name(int32_t dt) {
-  switch (dt) {
-    case TE_DTYPE_FLOAT32: return "float32";
-    case TE_DTYPE_FLOAT16: return "float16";
-    case TE_DTYPE_BFLOAT16: return "bfloat16";
-    case TE_DTYPE_FLOAT8_E4M3: return "float8_e4m3";
-    case TE_DTYPE_FLOAT8_E5M2: return "float8_e5m2";
-    default: return "unknown";
-  }
-}
-
-const char* mode_name(int32_t mode) {
-  switch (mode) {
-    case TE_SCALING_PER_TENSOR: return "per-tensor";
-    case TE_SCALING_BLOCK_1D: return "block 1x128";
-    case TE_SCALING_BLOCK_2D: return "block 128x128";
-    default: return "unknown";
-  }
-}
-
-const char* epilogue_name(int32_t e) {
-  switch (e) {
-    case TE_EPILOGUE_DEFAULT: return "DEFAULT";
-    case TE_EPILOGUE_BIAS: return "BIAS";
-    case TE_EPILOGUE_GELU_AUX: return "GELU_AUX";
-    case TE_EPILOGUE_DGELU: return "DGELU";
-    case TE_EPILOGUE_BGRAD: return "BGRAD";
-    default: return "unknown";
-  }
-}
 
 cudaDataType_t cuda_dtype(int32_t dt) {
   switch (dt) {
@@ -103,8 +71,8 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 std::string describe(const GemmArgs& g) {
   return concat("[M=", g.m, " N=", g.n, " K=", g.k, "; A ", dtype_name(g.a.dtype), " ",
-                mode_name(g.a.scaling_mode), g.a.trans ? " [K,M]" : " [M,K]", "; B ",
-                dtype_name(g.b.dtype), " ", mode_name(g.b.scaling_mode),
+                scaling_mode_name(g.a.scaling_mode), g.a.trans ? " [K,M]" : " [M,K]", "; B ",
+                dtype_name(g.b.dtype), " ", scaling_mode_name(g.b.scaling_mode),
                 g.b.trans ? " [N,K]" : " [K,N]", "; D ", dtype_name(g.d_dtype), "; epilogue ",
                 epilogue_name(g.epilogue),
                 g.bias ? concat(", bias ", dtype_name(g.bias_dtype)) : std::string(),
@@ -141,7 +109,7 @@ void check_block_scales(const char* name, const GemmOperand& op, int64_t rows, i
   const int64_t want = op.scaling_mode == TE_SCALING_BLOCK_1D ? round_up(rows, 4)
                                                               : round_up(ceil_div(k, 128), 4);
   if (op.scale_ld != want) {
-    fail(TE_ERROR_INVALID_ARGUMENT, "te_gemm: ", name, "'s ", mode_name(op.scaling_mode),
+    fail(TE_ERROR_INVALID_ARGUMENT, "te_gemm: ", name, "'s ", scaling_mode_name(op.scaling_mode),
          " scale_inv has leading dimension ", op.scale_ld, ", cuBLASLt reads ", want,
          " (te/tensor.h layout)");
   }

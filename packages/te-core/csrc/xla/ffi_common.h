@@ -123,3 +123,5 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(te_amax_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_amax_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cuda);

@@ -27,6 +27,7 @@ constexpr Target kTargets[] = {
     {"te_dequantize_ffi", te_dequantize_ffi_cpu, te_dequantize_ffi_cuda},
     {"te_amax_ffi", te_amax_ffi_cpu, te_amax_ffi_cuda},
     {"te_transpose_ffi", te_transpose_ffi_cpu, te_transpose_ffi_cuda},
+    {"te_gemm_ffi", te_gemm_ffi_cpu, te_gemm_ffi_cuda},
 };
 
 }  // namespace

@@ -1,0 +1,118 @@
+// te_gemm_ffi: te_gemm as an XLA custom call (row-major, te/gemm.h).
+//
+// Operands:
+//   0 a_data, 1 a_scale_inv: A's one copy that this layout reads. For FP8 that is the row-wise
+//     copy when trans_a = 0 and the column-wise one when trans_a = 1 (attribute a_columnwise says
+//     which, as te_dequantize_ffi's `columnwise` does); the other copy is absent from the
+//     descriptor, so te_gemm's own copy selection sees exactly what te_jax passed and reports a
+//     wrong choice by name. High-precision A is its row-wise data; its a_scale_inv is a [0]
+//     placeholder (absent: a scale_inv is passed exactly when the data is FP8).
+//   2 b_data, 3 b_scale_inv: likewise for B (row-wise when trans_b = 1).
+//   4 bias: [N] when has_bias (epilogues BIAS, GELU_AUX), else [0] and absent.
+//   5 aux_in: the saved pre-activation [M, N] for DGELU, else [0] and absent.
+//   6 d_in: the D to accumulate into when beta != 0, else [0]. te_jax aliases operand 6 to
+//     result 0 (input_output_aliases), so XLA hands this handler a D that already holds d_in's
+//     values (copying first if d_in is still live elsewhere): beta = 1 accumulates in place here
+//     and functionally in JAX. d_in itself is never described to the C API.
+// Results, in te_core._ops.GEMM_OUTPUTS order (shapes from te_core._ops.gemm_outputs):
+//   0 d [M, N], 1 aux [M, N] (GELU_AUX) else [0], 2 bias_grad [M] (BGRAD) else [0].
+// Attributes: a_scaling_mode, b_scaling_mode, a_columnwise, b_columnwise, trans_a, trans_b,
+// alpha, beta, epilogue (te_gemm_epilogue), has_bias, use_split_accumulator (-1, 0, 1).
+// No workspace: te keeps a cuBLASLt workspace per stream on CUDA.
+#include "ffi_common.h"
+
+namespace te::xla_ffi {
+namespace {
+
+using Buf = ffi::AnyBuffer;
+using Ret = ffi::Result<ffi::AnyBuffer>;
+
+bool is_fp8(const Buf& buffer) {
+  const int32_t dtype = te_dtype_of(buffer.element_type());
+  return dtype == TE_DTYPE_FLOAT8_E4M3 || dtype == TE_DTYPE_FLOAT8_E5M2;
+}
+
+// One operand as a te_quantized_tensor holding only the copy `columnwise` names.
+ffi::Error operand(const Buf& data, const Buf& scale_inv, const te_device& device,
+                   int32_t scaling_mode, bool columnwise, const char* data_name,
+                   const char* scale_name, te_quantized_tensor* out) {
+  *out = te_quantized_tensor_init(scaling_mode);
+  te_tensor& q_data = columnwise ? out->columnwise_data : out->rowwise_data;
+  te_tensor& q_scale_inv = columnwise ? out->columnwise_scale_inv : out->rowwise_scale_inv;
+  TE_FFI_RETURN_IF_ERROR(describe(data, device, true, data_name, &q_data));
+  return describe(scale_inv, device, is_fp8(data), scale_name, &q_scale_inv);
+}
+
+ffi::Error gemm(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf b_data,
+                Buf b_scale_inv, Buf bias, Buf aux_in, Buf d_in, Ret d, Ret aux, Ret bias_grad,
+                int32_t a_scaling_mode, int32_t b_scaling_mode, bool a_columnwise,
+                bool b_columnwise, bool trans_a, bool trans_b, float alpha, float beta,
+                int32_t epilogue, bool has_bias, int32_t use_split_accumulator) {
+  te_quantized_tensor a, b;
+  TE_FFI_RETURN_IF_ERROR(operand(a_data, a_scale_inv, device, a_scaling_mode, a_columnwise,
+                                 "a_data", "a_scale_inv", &a));
+  TE_FFI_RETURN_IF_ERROR(operand(b_data, b_scale_inv, device, b_scaling_mode, b_columnwise,
+                                 "b_data", "b_scale_inv", &b));
+  te_quantized_tensor out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
+  TE_FFI_RETURN_IF_ERROR(describe(d, device, true, "d", &out.rowwise_data));
+  if (beta != 0.0f && d->element_count() > 0 && d_in.untyped_data() != d->untyped_data()) {
+    // Without the alias, D holds no defined values to accumulate into.
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "d_in: beta != 0 needs operand 6 (d_in) aliased to result 0 (d) through "
+                      "input_output_aliases, got separate buffers");
+  }
+
+  te_gemm_config config = te_gemm_config_init();
+  config.trans_a = trans_a;
+  config.trans_b = trans_b;
+  config.alpha = alpha;
+  config.beta = beta;
+  config.epilogue = epilogue;
+  config.use_split_accumulator = use_split_accumulator;
+  TE_FFI_RETURN_IF_ERROR(describe(bias, device, has_bias, "bias", &config.bias));
+  const bool reads_aux = epilogue == TE_EPILOGUE_DGELU;
+  const bool writes_aux = epilogue == TE_EPILOGUE_GELU_AUX;
+  if (reads_aux) {
+    TE_FFI_RETURN_IF_ERROR(describe(aux_in, device, true, "aux_in", &config.aux));
+  } else {
+    TE_FFI_RETURN_IF_ERROR(describe(aux, device, writes_aux, "aux", &config.aux));
+  }
+  TE_FFI_RETURN_IF_ERROR(describe(bias_grad, device, epilogue == TE_EPILOGUE_BGRAD, "bias_grad",
+                                  &config.bias_grad));
+  const te_status status = te_gemm(&a, &b, &out, &config, stream);
+  return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
+}
+
+template <typename Binding>
+auto bind_gemm(Binding binding) {
+  return std::move(binding)
+      .template Arg<Buf>()  // a_data
+      .template Arg<Buf>()  // a_scale_inv or [0]
+      .template Arg<Buf>()  // b_data
+      .template Arg<Buf>()  // b_scale_inv or [0]
+      .template Arg<Buf>()  // bias or [0]
+      .template Arg<Buf>()  // aux_in (DGELU) or [0]
+      .template Arg<Buf>()  // d_in (beta != 0, aliased to d) or [0]
+      .template Ret<Buf>()  // d
+      .template Ret<Buf>()  // aux (GELU_AUX) or [0]
+      .template Ret<Buf>()  // bias_grad (BGRAD) or [0]
+      .template Attr<int32_t>("a_scaling_mode")
+      .template Attr<int32_t>("b_scaling_mode")
+      .template Attr<bool>("a_columnwise")
+      .template Attr<bool>("b_columnwise")
+      .template Attr<bool>("trans_a")
+      .template Attr<bool>("trans_b")
+      .template Attr<float>("alpha")
+      .template Attr<float>("beta")
+      .template Attr<int32_t>("epilogue")
+      .template Attr<bool>("has_bias")
+      .template Attr<int32_t>("use_split_accumulator");
+}
+
+}  // namespace
+}  // namespace te::xla_ffi
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_ffi_cpu, te::xla_ffi::on_cpu(te::xla_ffi::gemm),
+                              te::xla_ffi::bind_gemm(te::xla_ffi::cpu_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_ffi_cuda, te::xla_ffi::on_cuda(te::xla_ffi::gemm),
+                              te::xla_ffi::bind_gemm(te::xla_ffi::cuda_binding()));
