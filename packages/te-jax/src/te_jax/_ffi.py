@@ -21,6 +21,7 @@ QUANTIZE = "te_quantize_ffi"
 DEQUANTIZE = "te_dequantize_ffi"
 AMAX = "te_amax_ffi"
 TRANSPOSE = "te_transpose_ffi"
+GEMM = "te_gemm_ffi"
 
 # (te_core's platform name, jax's platform name for register_ffi_target)
 _PLATFORMS = (("cpu", "cpu"), ("cuda", "CUDA"))

@@ -10,6 +10,9 @@ Absent parts are None here; the registered ops turn them into empty tensors.
 
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
 from te_core import _C
 from te_core._ops import quantize_outputs
@@ -21,7 +24,13 @@ _CUDA = int(_C.DeviceType.CUDA)
 _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
 _Tensor = _C.Tensor
 _QuantizedTensor = _C.QuantizedTensor
+_GemmConfig = _C.GemmConfig
+_gemm = _C.gemm
 _empty = torch.empty
+_GELU_AUX = int(_C.Epilogue.GELU_AUX)
+_DGELU = int(_C.Epilogue.DGELU)
+_BGRAD = int(_C.Epilogue.BGRAD)
+_local = threading.local()  # per-thread caches (gemm configs carry per-call descriptors)
 
 try:  # the raw cudaStream_t of the current stream, without building a torch.cuda.Stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -147,3 +156,85 @@ def transpose(data: torch.Tensor) -> torch.Tensor:
     out = _empty((k, m), dtype=data.dtype, device=data.device)
     _C.transpose(desc(data), desc(out), stream_of(data))
     return out
+
+
+# (scaling_mode, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv), None
+# where absent: one GEMM operand as te_quantized_tensor sees it. A high-precision operand is
+# (PER_TENSOR, data, None, None, None).
+Operand = tuple
+
+
+def gemm_config(
+    trans_a: bool, trans_b: bool, accumulate: bool, epilogue: int, has_bias: bool, split: int
+) -> _C.GemmConfig:
+    """This thread's cached te_gemm_config for one kind of call.
+
+    gemm() writes the per-call epilogue descriptors (bias, aux, bias_grad) into it before each
+    call, so the cache is per thread; every other field is fixed by the key. ``has_bias`` is in
+    the key because an epilogue that takes an optional bias (GELU_AUX) must see it absent."""
+    try:
+        cache = _local.gemm_configs
+    except AttributeError:
+        cache = _local.gemm_configs = {}
+    key = (trans_a, trans_b, accumulate, epilogue, has_bias, split)
+    config = cache.get(key)
+    if config is None:
+        config = _GemmConfig(
+            trans_a, trans_b, 1.0, 1.0 if accumulate else 0.0, epilogue, use_split_accumulator=split
+        )
+        cache[key] = config
+    return config
+
+
+def gemm(
+    a: Operand,
+    b: Operand,
+    trans_a: bool,
+    trans_b: bool,
+    out: torch.Tensor | None,
+    out_shape: tuple[int, ...],
+    out_dtype: torch.dtype,
+    accumulate: bool,
+    epilogue: int,
+    bias: torch.Tensor | None,
+    gelu_input: torch.Tensor | None,
+    split: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """te_gemm (te/gemm.h): D = op(A) op(B) (+ D with ``accumulate``), then ``epilogue``.
+
+    Returns (D, aux, bias_grad): D is ``out`` if given, else a new ``out_dtype`` tensor of
+    ``out_shape`` (any shape whose matrix view is [M, N]); aux (GELU_AUX: the pre-activation, of
+    ``out_shape``) and bias_grad (BGRAD: [M], ``out_dtype``) are None for other epilogues.
+    ``bias``: [N] for BIAS / GELU_AUX; ``gelu_input``: the saved pre-activation DGELU reads.
+    ``split``: use_split_accumulator, -1 for te's default. Tensors must be contiguous.
+    """
+    src = a[1] if a[1] is not None else a[3]
+    if src.is_cuda:
+        dev_type, dev_index = _CUDA, src.device.index
+        stream = _raw_stream(dev_index)
+    else:
+        dev_type, dev_index, stream = 0, 0, 0
+    if out is None:
+        out = _empty(out_shape, dtype=out_dtype, device=src.device)
+    d_te = TE_DTYPE.get(out.dtype)
+    if d_te is None:
+        d_te = te_dtype(out.dtype, "out_dtype")  # raises TypeError
+    config = gemm_config(trans_a, trans_b, accumulate, epilogue, bias is not None, split)
+    aux = bias_grad = None
+    if bias is not None:
+        config.bias = desc(bias)
+    if epilogue == _GELU_AUX:
+        aux = _empty(out_shape, dtype=out.dtype, device=src.device)
+        config.aux = _Tensor(aux.data_ptr(), d_te, out_shape, dev_type, dev_index)
+    elif epilogue == _DGELU:
+        config.aux = desc(gelu_input)
+    elif epilogue == _BGRAD:
+        bias_grad = _empty((math.prod(out_shape[:-1]),), dtype=out.dtype, device=src.device)
+        config.bias_grad = desc(bias_grad)
+    mode, rd, rs, cd, cs = a
+    a_q = _QuantizedTensor(mode, desc(rd), desc(rs), desc(cd), desc(cs))
+    mode, rd, rs, cd, cs = b
+    b_q = _QuantizedTensor(mode, desc(rd), desc(rs), desc(cd), desc(cs))
+    d_q = _QuantizedTensor(_PER_TENSOR, _Tensor(out.data_ptr(), d_te, out.shape, dev_type, dev_index))
+    _gemm(a_q, b_q, d_q, config, stream)
+    return out, aux, bias_grad

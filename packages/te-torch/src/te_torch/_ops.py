@@ -18,7 +18,7 @@ import functools
 
 import torch
 from te_core import _C
-from te_core._ops import ABSENT_SHAPE, quantize_outputs
+from te_core._ops import ABSENT_SHAPE, gemm_dims, gemm_outputs, quantize_outputs
 
 from te_torch import _kernels
 from te_torch._dtypes import TE_DTYPE
@@ -35,6 +35,17 @@ _lib.define(
     "Tensor? columnwise_scale_inv, int scaling_mode, SymInt[] shape, ScalarType dtype) -> Tensor"
 )
 _lib.define("transpose(Tensor x) -> Tensor")
+# te_gemm (te/gemm.h) on two operands given as their parts (te_quantized_tensor's fields; a
+# high-precision operand is its rowwise_data alone). Returns (d, aux, bias_grad): d is [M, N],
+# or absent when written into ``out``; aux [M, N] for GELU_AUX; bias_grad [M] for BGRAD.
+_lib.define(
+    "gemm(Tensor? a_rowwise_data, Tensor? a_rowwise_scale_inv, Tensor? a_columnwise_data, "
+    "Tensor? a_columnwise_scale_inv, int a_scaling_mode, Tensor? b_rowwise_data, "
+    "Tensor? b_rowwise_scale_inv, Tensor? b_columnwise_data, Tensor? b_columnwise_scale_inv, "
+    "int b_scaling_mode, bool trans_a, bool trans_b, Tensor(a!)? out, ScalarType out_dtype, "
+    "bool accumulate, int epilogue, Tensor? bias, Tensor? gelu_input, int use_split_accumulator"
+    ") -> (Tensor, Tensor, Tensor)"
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -83,10 +94,66 @@ def _transpose_fake(x):
     return x.new_empty((k, m))
 
 
+def _matrix_source(rowwise_data, columnwise_data):
+    # The source shape of an operand: its row-wise copy's, or [M, K] from the [K, M] copy.
+    if rowwise_data is not None:
+        return tuple(rowwise_data.shape)
+    return (columnwise_data.shape[1], columnwise_data.shape[0])
+
+
+def _gemm_specs(ard, acd, brd, bcd, trans_a, trans_b, out_dtype, epilogue):
+    m, n, _ = gemm_dims(_matrix_source(ard, acd), _matrix_source(brd, bcd), trans_a, trans_b)
+    te_out = TE_DTYPE[out_dtype]
+    return gemm_outputs(m, n, te_out, epilogue == _GELU_AUX, epilogue == _BGRAD, te_out)
+
+
+_GELU_AUX = int(_C.Epilogue.GELU_AUX)
+_BGRAD = int(_C.Epilogue.BGRAD)
+
+
+def _gemm_kernel(
+    ard, ars, acd, acs, a_mode, brd, brs, bcd, bcs, b_mode,
+    trans_a, trans_b, out, out_dtype, accumulate, epilogue, bias, gelu_input, split,
+):  # fmt: skip
+    specs = _gemm_specs(ard, acd, brd, bcd, trans_a, trans_b, out_dtype, epilogue)
+    d, aux, bias_grad = _kernels.gemm(
+        (a_mode, ard, ars, acd, acs),
+        (b_mode, brd, brs, bcd, bcs),
+        trans_a,
+        trans_b,
+        out,
+        specs[0].shape,
+        out_dtype,
+        accumulate,
+        epilogue,
+        bias,
+        gelu_input,
+        split,
+    )
+    dev = d.device
+    return (
+        _absent(out_dtype, dev) if out is not None else d,
+        aux if aux is not None else _absent(out_dtype, dev),
+        bias_grad if bias_grad is not None else _absent(out_dtype, dev),
+    )
+
+
+def _gemm_fake(
+    ard, ars, acd, acs, a_mode, brd, brs, bcd, bcs, b_mode,
+    trans_a, trans_b, out, out_dtype, accumulate, epilogue, bias, gelu_input, split,
+):  # fmt: skip
+    specs = _gemm_specs(ard, acd, brd, bcd, trans_a, trans_b, out_dtype, epilogue)
+    src = ard if ard is not None else acd
+    d, aux, bias_grad = (src.new_empty(s.shape, dtype=out_dtype) for s in specs)
+    return (src.new_empty(ABSENT_SHAPE, dtype=out_dtype) if out is not None else d), aux, bias_grad
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("quantize", _quantize_kernel, _key)
     _lib.impl("dequantize", _dequantize_kernel, _key)
     _lib.impl("transpose", _kernels.transpose, _key)
+    _lib.impl("gemm", _gemm_kernel, _key)
 torch.library.register_fake("te::quantize", _quantize_fake, lib=_lib)
 torch.library.register_fake("te::dequantize", _dequantize_fake, lib=_lib)
 torch.library.register_fake("te::transpose", _transpose_fake, lib=_lib)
+torch.library.register_fake("te::gemm", _gemm_fake, lib=_lib)
