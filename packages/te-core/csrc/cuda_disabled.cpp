@@ -22,5 +22,10 @@ void delayed_scaling_update(const DelayedScalingEntry*, int64_t, float, int32_t,
   no_cuda();
 }
 void gemm(const GemmArgs&, void*) { no_cuda(); }
+void norm_fwd(const NormFwdArgs&, void*) { no_cuda(); }
+void norm_bwd(const NormBwdArgs&, void*) { no_cuda(); }
+void activation_fwd(const ActivationFwdArgs&, void*) { no_cuda(); }
+void activation_bwd(const ActivationBwdArgs&, void*) { no_cuda(); }
+void dbias_quantize(const DbiasQuantizeArgs&, void*) { no_cuda(); }
 
 }  // namespace te::cuda

@@ -111,6 +111,92 @@ struct GemmArgs {
   int64_t workspace_bytes;
 };
 
+// Where a fused op puts its fp32 result [rows, cols]: rounded (RNE) into a high-precision buffer,
+// or quantized by exactly the rules of quantize_per_tensor / quantize_block, whose args the API
+// filled from the output descriptor (rows, cols, out_dtype, copies, scales); their `input` and
+// `in_dtype` are left for the kernel to point at its own fp32 result.
+enum FusedOutputKind : int32_t { kFusedHighPrecision = 0, kFusedPerTensor = 1, kFusedBlock = 2 };
+struct FusedOutput {
+  int32_t kind;             // FusedOutputKind
+  void* data;               // high precision: [rows, cols]
+  int32_t dtype;            // high precision: fp32/fp16/bf16
+  PerTensorQuantizeArgs per_tensor;
+  BlockQuantizeArgs block;
+};
+
+// LayerNorm / RMSNorm forward (te/normalization.h has the formulas).
+struct NormFwdArgs {
+  bool rms;                 // RMSNorm: no mean, no beta, mu unused
+  const void* input;        // [rows, cols], in_dtype
+  int32_t in_dtype;
+  int64_t rows, cols;
+  const void* gamma;        // [cols]
+  int32_t gamma_dtype;
+  const void* beta;         // [cols] or nullptr (no bias)
+  int32_t beta_dtype;
+  float eps;
+  bool zero_centered_gamma;
+  FusedOutput out;          // y [rows, cols]
+  float* mu;                // [rows] or nullptr
+  float* rsigma;            // [rows] or nullptr
+};
+
+// LayerNorm / RMSNorm backward. dgamma/dbeta: fp32 sums over rows in a fixed order.
+struct NormBwdArgs {
+  bool rms;
+  const void* dz;           // [rows, cols]
+  int32_t dz_dtype;
+  const void* x;            // [rows, cols]
+  int32_t x_dtype;
+  int64_t rows, cols;
+  const float* mu;          // [rows]; LayerNorm only
+  const float* rsigma;      // [rows]
+  const void* gamma;        // [cols]
+  int32_t gamma_dtype;
+  bool zero_centered_gamma;
+  const void* add;          // [rows, cols] or nullptr: added into dx in fp32
+  int32_t add_dtype;
+  void* dx;                 // [rows, cols]
+  int32_t dx_dtype;
+  void* dgamma;             // [cols]
+  int32_t dgamma_dtype;
+  void* dbeta;              // [cols] or nullptr
+  int32_t dbeta_dtype;
+};
+
+// Activations (te/activation.h). in_cols = 2 * cols for gated kinds (act half first), else cols.
+struct ActivationFwdArgs {
+  int32_t activation;       // te_activation
+  const void* input;        // [rows, in_cols]
+  int32_t in_dtype;
+  int64_t rows, cols;       // the output's
+  int64_t in_cols;
+  FusedOutput out;          // [rows, cols]
+};
+
+struct ActivationBwdArgs {
+  int32_t activation;
+  const void* grad;         // [rows, cols]
+  int32_t grad_dtype;
+  const void* input;        // [rows, in_cols], the pre-activation
+  int32_t in_dtype;
+  int64_t rows, cols;       // grad's
+  int64_t in_cols;
+  FusedOutput dx;           // [rows, in_cols]
+  void* dbias;              // [in_cols] or nullptr: column sums of the fp32 dx
+  int32_t dbias_dtype;
+};
+
+// Bias gradient fused with the gradient's quantization (cast-transpose): out is FP8.
+struct DbiasQuantizeArgs {
+  const void* input;        // [rows, cols]
+  int32_t in_dtype;
+  int64_t rows, cols;
+  FusedOutput out;          // kind kFusedPerTensor or kFusedBlock
+  void* dbias;              // [cols]: column sums of input in fp32
+  int32_t dbias_dtype;
+};
+
 // Each kernel exists in both namespaces with the same signature.
 #define TE_DECLARE_KERNELS                                                                     \
   void amax(const void* input, int32_t in_dtype, int64_t numel, float* amax, void* stream);     \
@@ -121,7 +207,12 @@ struct GemmArgs {
                  int32_t elem_bytes, void* stream);                                             \
   void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count,              \
                               float scaled_max, int32_t amax_compute_algo, void* stream); \
-  void gemm(const GemmArgs& args, void* stream);
+  void gemm(const GemmArgs& args, void* stream);                                                \
+  void norm_fwd(const NormFwdArgs& args, void* stream);                                         \
+  void norm_bwd(const NormBwdArgs& args, void* stream);                                         \
+  void activation_fwd(const ActivationFwdArgs& args, void* stream);                             \
+  void activation_bwd(const ActivationBwdArgs& args, void* stream);                             \
+  void dbias_quantize(const DbiasQuantizeArgs& args, void* stream);
 
 namespace cpu {
 TE_DECLARE_KERNELS

@@ -140,6 +140,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("rowwise_scale_inv") = py::none(), py::arg("columnwise_data") = py::none(),
            py::arg("columnwise_scale_inv") = py::none(), py::arg("amax") = py::none(),
            py::arg("scale") = py::none())
+      .def_readwrite("struct_size", &te_quantized_tensor::struct_size)
       .def_readwrite("scaling_mode", &te_quantized_tensor::scaling_mode)
       .def_readwrite("rowwise_data", &te_quantized_tensor::rowwise_data)
       .def_readwrite("rowwise_scale_inv", &te_quantized_tensor::rowwise_scale_inv)
@@ -271,6 +272,124 @@ PYBIND11_MODULE(_C, m) {
         return py::tuple(py::cast(std::vector<int64_t>(out, out + ndim)));
       },
       py::arg("scaling_mode"), py::arg("part"), py::arg("shape"));
+  py::enum_<te_activation>(m, "Activation")
+      .value("GELU", TE_ACTIVATION_GELU)
+      .value("RELU", TE_ACTIVATION_RELU)
+      .value("SILU", TE_ACTIVATION_SILU)
+      .value("QGELU", TE_ACTIVATION_QGELU)
+      .value("SRELU", TE_ACTIVATION_SRELU)
+      .value("GEGLU", TE_ACTIVATION_GEGLU)
+      .value("REGLU", TE_ACTIVATION_REGLU)
+      .value("SWIGLU", TE_ACTIVATION_SWIGLU)
+      .value("QGEGLU", TE_ACTIVATION_QGEGLU)
+      .value("SREGLU", TE_ACTIVATION_SREGLU)
+      .value("GLU", TE_ACTIVATION_GLU);
+
+  py::class_<te_norm_config>(m, "NormConfig", "te_norm_config")
+      .def(py::init([](float eps, bool zero_centered_gamma) {
+             te_norm_config c = te_norm_config_init();
+             c.eps = eps;
+             c.zero_centered_gamma = zero_centered_gamma;
+             return c;
+           }),
+           py::arg("eps") = 1e-5f, py::arg("zero_centered_gamma") = false)
+      .def_readwrite("struct_size", &te_norm_config::struct_size)
+      .def_readwrite("eps", &te_norm_config::eps)
+      .def_readwrite("zero_centered_gamma", &te_norm_config::zero_centered_gamma);
+
+  m.def(
+      "layernorm_fwd",
+      [](const te_tensor& input, const te_tensor& gamma, const std::optional<te_tensor>& beta,
+         te_quantized_tensor& output, std::optional<te_tensor> mu,
+         std::optional<te_tensor> rsigma, const std::optional<te_norm_config>& config,
+         const std::optional<te_quant_config>& quant_config, uintptr_t stream) {
+        const te_tensor b = or_absent(beta);
+        te_tensor mu_t = or_absent(mu), rsigma_t = or_absent(rsigma);
+        check(te_layernorm_fwd(&input, &gamma, &b, &output, &mu_t, &rsigma_t,
+                               config ? &*config : nullptr,
+                               quant_config ? &*quant_config : nullptr, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("gamma"), py::arg("beta"), py::arg("output"),
+      py::arg("mu") = py::none(), py::arg("rsigma") = py::none(), py::arg("config") = py::none(),
+      py::arg("quant_config") = py::none(), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "rmsnorm_fwd",
+      [](const te_tensor& input, const te_tensor& gamma, te_quantized_tensor& output,
+         std::optional<te_tensor> rsigma, const std::optional<te_norm_config>& config,
+         const std::optional<te_quant_config>& quant_config, uintptr_t stream) {
+        te_tensor rsigma_t = or_absent(rsigma);
+        check(te_rmsnorm_fwd(&input, &gamma, &output, &rsigma_t, config ? &*config : nullptr,
+                             quant_config ? &*quant_config : nullptr, as_stream(stream)));
+      },
+      py::arg("input"), py::arg("gamma"), py::arg("output"), py::arg("rsigma") = py::none(),
+      py::arg("config") = py::none(), py::arg("quant_config") = py::none(),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "layernorm_bwd",
+      [](const te_tensor& dz, const te_tensor& x, const te_tensor& mu, const te_tensor& rsigma,
+         const te_tensor& gamma, te_tensor& dx, te_tensor& dgamma, std::optional<te_tensor> dbeta,
+         const std::optional<te_norm_config>& config, uintptr_t stream) {
+        te_tensor dbeta_t = or_absent(dbeta);
+        check(te_layernorm_bwd(&dz, &x, &mu, &rsigma, &gamma, &dx, &dgamma, &dbeta_t,
+                               config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("dz"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("gamma"),
+      py::arg("dx"), py::arg("dgamma"), py::arg("dbeta") = py::none(),
+      py::arg("config") = py::none(), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "rmsnorm_bwd",
+      [](const te_tensor& dz, const te_tensor& x, const te_tensor& rsigma, const te_tensor& gamma,
+         te_tensor& dx, te_tensor& dgamma, const std::optional<te_norm_config>& config,
+         uintptr_t stream) {
+        check(te_rmsnorm_bwd(&dz, &x, &rsigma, &gamma, &dx, &dgamma,
+                             config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("dz"), py::arg("x"), py::arg("rsigma"), py::arg("gamma"), py::arg("dx"),
+      py::arg("dgamma"), py::arg("config") = py::none(), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "rmsnorm_bwd_add",
+      [](const te_tensor& dz, const te_tensor& x, const te_tensor& add, const te_tensor& rsigma,
+         const te_tensor& gamma, te_tensor& dx, te_tensor& dgamma,
+         const std::optional<te_norm_config>& config, uintptr_t stream) {
+        check(te_rmsnorm_bwd_add(&dz, &x, &add, &rsigma, &gamma, &dx, &dgamma,
+                                 config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("dz"), py::arg("x"), py::arg("add"), py::arg("rsigma"), py::arg("gamma"),
+      py::arg("dx"), py::arg("dgamma"), py::arg("config") = py::none(), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "activation_fwd",
+      [](const te_tensor& input, te_quantized_tensor& output, int32_t activation,
+         const std::optional<te_quant_config>& config, uintptr_t stream) {
+        check(te_activation_fwd(&input, &output, activation, config ? &*config : nullptr,
+                                as_stream(stream)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("activation"), py::arg("config") = py::none(),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "activation_bwd",
+      [](const te_tensor& grad, const te_tensor& input, te_quantized_tensor& dx,
+         std::optional<te_tensor> dbias, int32_t activation,
+         const std::optional<te_quant_config>& config, uintptr_t stream) {
+        te_tensor dbias_t = or_absent(dbias);
+        check(te_activation_bwd(&grad, &input, &dx, &dbias_t, activation,
+                                config ? &*config : nullptr, as_stream(stream)));
+      },
+      py::arg("grad"), py::arg("input"), py::arg("dx"), py::arg("dbias") = py::none(),
+      py::arg("activation") = 0, py::arg("config") = py::none(), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "dbias_quantize",
+      [](const te_tensor& input, te_quantized_tensor& output, te_tensor& dbias,
+         const std::optional<te_quant_config>& config, uintptr_t stream) {
+        check(te_dbias_quantize(&input, &output, &dbias, config ? &*config : nullptr,
+                                as_stream(stream)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("dbias"), py::arg("config") = py::none(),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("last_error", &te_last_error);
   m.def("cuda_device_count", [] {
     int32_t count = 0;

@@ -7,6 +7,8 @@
 #include "te/tensor.h"
 #include "te/device.h"
 #include "te/quantize.h"
+#include "te/normalization.h"
+#include "te/activation.h"
 #include "te/recipe.h"
 #include "te/gemm.h"
 

@@ -1,0 +1,106 @@
+// Activation reference (te/activation.h has the contract): TE's fp32 formulas, elementwise, the
+// gated kinds as act(first half) * second half. The result goes through write_fused_output, so a
+// quantized output is exactly te_quantize of the fp32 result.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/kernels.h"
+#include "cpu/fp_convert.h"
+#include "cpu/fused_output.h"
+#include "te/activation.h"
+
+namespace te {
+namespace cpu {
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float dsigmoid(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f - s);
+}
+
+// The activation of a gated kind's first half, or of a plain kind; and its derivative.
+int32_t base_kind(int32_t activation) {
+  switch (activation) {
+    case TE_ACTIVATION_GEGLU: return TE_ACTIVATION_GELU;
+    case TE_ACTIVATION_REGLU: return TE_ACTIVATION_RELU;
+    case TE_ACTIVATION_SWIGLU: return TE_ACTIVATION_SILU;
+    case TE_ACTIVATION_QGEGLU: return TE_ACTIVATION_QGELU;
+    case TE_ACTIVATION_SREGLU: return TE_ACTIVATION_SRELU;
+    case TE_ACTIVATION_GLU: return -1;  // sigmoid
+    default: return activation;
+  }
+}
+
+bool is_gated(int32_t activation) { return activation >= TE_ACTIVATION_GEGLU; }
+
+float act(int32_t kind, float x) {
+  switch (kind) {
+    case TE_ACTIVATION_GELU:
+      return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x)));
+    case TE_ACTIVATION_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x);
+    case TE_ACTIVATION_SILU: return x * sigmoid(x);
+    case TE_ACTIVATION_QGELU: return x * sigmoid(1.702f * x);
+    case TE_ACTIVATION_SRELU: return x > 0.0f ? x * x : (x == x ? 0.0f : x);
+    default: return sigmoid(x);
+  }
+}
+
+float dact(int32_t kind, float x) {
+  switch (kind) {
+    case TE_ACTIVATION_GELU: {
+      const float t = std::tanh(0.79788456f * x * (1.0f + 0.044715f * x * x));
+      return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) +
+             0.5f * (1.0f + t);
+    }
+    case TE_ACTIVATION_RELU: return x > 0.0f ? 1.0f : (x == x ? 0.0f : x);
+    case TE_ACTIVATION_SILU: return x * dsigmoid(x) + sigmoid(x);
+    case TE_ACTIVATION_QGELU: return 1.702f * x * dsigmoid(1.702f * x) + sigmoid(1.702f * x);
+    case TE_ACTIVATION_SRELU: return x > 0.0f ? 2.0f * x : (x == x ? 0.0f : x);
+    default: return dsigmoid(x);
+  }
+}
+
+}  // namespace
+
+void activation_fwd(const ActivationFwdArgs& args, void* /*stream*/) {
+  const int64_t rows = args.rows, cols = args.cols, in_cols = args.in_cols;
+  const int32_t kind = base_kind(args.activation);
+  const bool gated = is_gated(args.activation);
+  std::vector<float> y(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float a = load_as_float(args.input, args.in_dtype, r * in_cols + c);
+      float v = act(kind, a);
+      if (gated) v = v * load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+      y[r * cols + c] = v;
+    }
+  }
+  write_fused_output(args.out, y.data(), rows, cols);
+}
+
+void activation_bwd(const ActivationBwdArgs& args, void* /*stream*/) {
+  const int64_t rows = args.rows, cols = args.cols, in_cols = args.in_cols;
+  const int32_t kind = base_kind(args.activation);
+  const bool gated = is_gated(args.activation);
+  std::vector<float> dx(static_cast<size_t>(rows * in_cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = load_as_float(args.grad, args.grad_dtype, r * cols + c);
+      const float a = load_as_float(args.input, args.in_dtype, r * in_cols + c);
+      if (gated) {
+        const float b = load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+        dx[r * in_cols + c] = (g * dact(kind, a)) * b;
+        dx[r * in_cols + cols + c] = g * act(kind, a);
+      } else {
+        dx[r * in_cols + c] = g * dact(kind, a);
+      }
+    }
+  }
+  if (args.dbias) write_column_sums(dx.data(), rows, in_cols, args.dbias, args.dbias_dtype);
+  write_fused_output(args.dx, dx.data(), rows, in_cols);
+}
+
+}  // namespace cpu
+}  // namespace te

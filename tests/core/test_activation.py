@@ -1,0 +1,217 @@
+"""Activations (te/activation.h) on the CPU backend: forward and backward against an independent
+float64 reference of TE's formulas, gated kinds with the activation half first, the fused dbias,
+quantized outputs against "activation in fp32, then te_quantize" and the oracle, error paths."""
+
+import re
+
+import _oracle as O
+import numpy as np
+import pytest
+from _buffers import assert_bits_equal, f32, rng_for, tensor
+from _fused import BF16, HP_TYPES, assert_matches_ref, check_quantized, dtype_id, hp_output, make_quantized
+from te_core import _C
+
+A = _C.Activation
+SHAPES = [(1, 1), (7, 13), (129, 257), (2, 3, 17)]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def gelu(x):
+    return x * (0.5 + 0.5 * np.tanh(x * (0.79788456 + 0.03567741 * x * x)))
+
+
+def dgelu(x):
+    t = np.tanh(0.79788456 * x * (1.0 + 0.044715 * x * x))
+    return 0.5 * x * ((1.0 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1.0 + t)
+
+
+# kind -> (act, dact, gated), float64
+REF = {
+    A.GELU: (gelu, dgelu),
+    A.RELU: (lambda x: np.maximum(x, 0), lambda x: (x > 0).astype(np.float64)),
+    A.SILU: (lambda x: x * sigmoid(x), lambda x: sigmoid(x) * (1 + x * (1 - sigmoid(x)))),
+    A.QGELU: (lambda x: x * sigmoid(1.702 * x),
+              lambda x: sigmoid(1.702 * x) * (1 + 1.702 * x * (1 - sigmoid(1.702 * x)))),
+    A.SRELU: (lambda x: np.maximum(x, 0) ** 2, lambda x: 2 * np.maximum(x, 0)),
+}
+GATED = {A.GEGLU: A.GELU, A.REGLU: A.RELU, A.SWIGLU: A.SILU, A.QGEGLU: A.QGELU, A.SREGLU: A.SRELU, A.GLU: None}
+KINDS = list(REF) + list(GATED)
+
+
+def act_pair(kind):
+    base = GATED.get(kind, kind)
+    if base is None:
+        return sigmoid, lambda x: sigmoid(x) * (1 - sigmoid(x))
+    return REF[base]
+
+
+def ref_fwd(x, kind):
+    x = x.astype(np.float64)
+    act, _ = act_pair(kind)
+    if kind in GATED:
+        n = x.shape[-1] // 2
+        return act(x[..., :n]) * x[..., n:]
+    return act(x)
+
+
+def ref_bwd(grad, x, kind):
+    g, x = grad.astype(np.float64), x.astype(np.float64)
+    act, dact = act_pair(kind)
+    if kind in GATED:
+        n = x.shape[-1] // 2
+        a, b = x[..., :n], x[..., n:]
+        return np.concatenate([g * dact(a) * b, g * act(a)], axis=-1)
+    return g * dact(x)
+
+
+def in_shape(shape, kind):
+    return shape[:-1] + (shape[-1] * 2,) if kind in GATED else shape
+
+
+def data(shape, dtype, key):
+    rng = rng_for("act", shape, dtype_id(dtype), key)
+    x = rng.standard_normal(shape) * 3
+    x.reshape(-1)[: min(3, x.size)] = [0.0, -0.0, 1e-3][: min(3, x.size)]
+    return x.astype(dtype)
+
+
+def tol(x):
+    """fp32 formulas cancel (GELU's 0.5 + 0.5 tanh for x << 0): errors are ulps of |x|-sized terms."""
+    return 1e-6 * max(1.0, float(np.abs(x.astype(np.float64)).max(initial=0)) ** 2)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("out_dtype", HP_TYPES, ids=dtype_id)
+@pytest.mark.parametrize("in_dtype", HP_TYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fwd(shape, in_dtype, out_dtype, kind):
+    x = data(in_shape(shape, kind), in_dtype, "fwd")
+    y = np.zeros(shape, out_dtype)
+    _C.activation_fwd(tensor(x), hp_output(y), int(kind))
+    assert_matches_ref(y, ref_fwd(x, kind), f"{kind.name} y", atol=tol(x))
+
+
+def test_gated_convention_activation_half_first():
+    """SWIGLU of [a | b] is silu(a) * b, not a * silu(b)."""
+    x = np.array([[2.0, 3.0]], np.float32)  # a = 2, b = 3
+    y = np.zeros((1, 1), np.float32)
+    _C.activation_fwd(tensor(x), hp_output(y), int(A.SWIGLU))
+    np.testing.assert_allclose(y[0, 0], 2 / (1 + np.exp(-2.0)) * 3, rtol=1e-6)
+    _C.activation_fwd(tensor(x), hp_output(y), int(A.REGLU))
+    assert y[0, 0] == 6.0
+    x = np.array([[-2.0, 3.0]], np.float32)
+    _C.activation_fwd(tensor(x), hp_output(y), int(A.REGLU))
+    assert y[0, 0] == 0.0
+
+
+def test_relu_propagates_nan():
+    x = np.array([np.nan, -1.0, 2.0, -0.0], np.float32)
+    y = np.zeros(4, np.float32)
+    _C.activation_fwd(tensor(x), hp_output(y), int(A.RELU))
+    assert np.isnan(y[0]) and y[1] == 0 and y[2] == 2 and y[3] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("dtype", HP_TYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_bwd_with_dbias(shape, dtype, kind):
+    x = data(in_shape(shape, kind), dtype, "bwd")
+    grad = data(shape, dtype, "grad")
+    dx = np.zeros(x.shape, dtype)
+    dbias = f32(np.nan, (x.shape[-1],))
+    _C.activation_bwd(tensor(grad), tensor(x), hp_output(dx), tensor(dbias), int(kind))
+    r = ref_bwd(grad, x, kind)
+    t = tol(x) * max(1.0, float(np.abs(grad.astype(np.float64)).max()))
+    assert_matches_ref(dx, r, f"{kind.name} dx", atol=t)
+    r2 = r.reshape(-1, x.shape[-1])
+    # dbias sums the fp32 dx (before rounding to dtype): fp32 summation error over M rows.
+    np.testing.assert_allclose(dbias, r2.sum(axis=0), rtol=1e-5, atol=t * r2.shape[0] + 1e-6 * np.abs(r2).sum(axis=0).max())
+
+
+def test_bwd_dbias_is_sum_of_unrounded_dx():
+    """With a bf16 dx, dbias is the fp32 sum of the fp32 dx values, i.e. equals the dbias of an
+    fp32-dx run bit for bit."""
+    x, g = data((129, 40), BF16, "u"), data((129, 40), BF16, "g")
+    d1, d2 = f32(0, (40,)), f32(0, (40,))
+    _C.activation_bwd(tensor(g), tensor(x), hp_output(np.zeros(x.shape, BF16)), tensor(d1), int(A.GELU))
+    _C.activation_bwd(tensor(g), tensor(x), hp_output(np.zeros(x.shape, np.float32)), tensor(d2), int(A.GELU))
+    assert_bits_equal(d1, d2, "dbias")
+
+
+@pytest.mark.parametrize("case", ["delayed", "current_ct", "block1d"])
+@pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
+@pytest.mark.parametrize("kind", [A.GELU, A.SWIGLU, A.SREGLU], ids=lambda k: k.name)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (129, 257)], ids=str)
+def test_quantized(shape, kind, fmt, case):
+    x = data(in_shape(shape, kind), BF16 if shape[0] == 129 else np.float32, "q")
+    y32 = np.zeros(shape, np.float32)
+    _C.activation_fwd(tensor(x), hp_output(y32), int(kind))
+    q, cfg = make_quantized(case, shape, fmt)
+    _C.activation_fwd(tensor(x), q.descriptor(), int(kind), cfg)
+    check_quantized(q, case, y32, fmt, f"fwd {case}")
+    # Backward: dx quantized (cast-transpose for the next GEMM) with the fused dbias.
+    grad = data(shape, np.float32, "qg")
+    dx32, db32 = np.zeros(x.shape, np.float32), f32(0, (x.shape[-1],))
+    _C.activation_bwd(tensor(grad), tensor(x), hp_output(dx32), tensor(db32), int(kind))
+    q, cfg = make_quantized(case, x.shape, fmt)
+    db = f32(0, (x.shape[-1],))
+    _C.activation_bwd(tensor(grad), tensor(x), q.descriptor(), tensor(db), int(kind), cfg)
+    check_quantized(q, case, dx32, fmt, f"bwd {case}")
+    assert_bits_equal(db, db32, "dbias with quantized dx")
+
+
+def raises(exc, text):
+    return pytest.raises(exc, match=re.escape(text))
+
+
+def test_errors():
+    x = np.zeros((4, 6), np.float32)
+    y = np.zeros((4, 3), np.float32)
+    I32 = int(_C.DType.INT32)
+    p = "te_activation_fwd: "
+    with raises(ValueError, p + "activation: expected a te_activation value (0..4 or 100..105), got 7"):
+        _C.activation_fwd(tensor(x), hp_output(y), 7)
+    with raises(ValueError, p + "input.dtype: expected float32, float16, bfloat16, got int32"):
+        _C.activation_fwd(tensor(x, I32), hp_output(y), int(A.GELU))
+    with raises(ValueError, p + "input.ndim: expected >= 1"):
+        _C.activation_fwd(tensor(x, shape=[]), hp_output(y), int(A.GELU))
+    with raises(ValueError, p + "input.shape: expected an even last dim for a gated activation ([..., 2N]: activation half, then linear half), got [4, 5]"):
+        _C.activation_fwd(tensor(np.zeros((4, 5), np.float32)), hp_output(y), int(A.GEGLU))
+    with raises(ValueError, p + "output->rowwise_data.shape: expected [4, 3] (or any with the same last dim and element count), got [4, 6]"):
+        _C.activation_fwd(tensor(x), hp_output(x), int(A.SWIGLU))
+    with raises(ValueError, p + "output->rowwise_data.shape: expected [4, 6]"):
+        _C.activation_fwd(tensor(x), hp_output(y), int(A.GELU))
+    q, cfg = make_quantized("current_ct", (4, 3), O.E4M3)
+    d = q.descriptor()
+    d.amax = _C.Tensor(0, 0, [])
+    with raises(ValueError, p + "output->amax: current scaling (config->compute_scale = 1) needs an fp32 [1] amax buffer, got NULL"):
+        _C.activation_fwd(tensor(x), d, int(A.GLU), cfg)
+    q, cfg = make_quantized("block1d", (4, 3), O.E4M3)
+    with raises(ValueError, p + "config->use_existing_amax: only meaningful with compute_scale = 1"):
+        _C.activation_fwd(tensor(x), q.descriptor(), int(A.GLU), _C.QuantConfig(use_existing_amax=True))
+    with raises(NotImplementedError, p + "input is on cuda:0 but this te-core was built without CUDA"):
+        _C.activation_fwd(_C.Tensor(x.ctypes.data, 0, [4, 6], 1, 0),
+                          _C.QuantizedTensor(0, rowwise_data=_C.Tensor(y.ctypes.data, 0, [4, 6], 1, 0)), int(A.GELU))
+    p = "te_activation_bwd: "
+    dx = np.zeros((4, 6), np.float32)
+    with raises(ValueError, p + "grad.shape: expected [4, 3] (the input's shape with the last dim halved: the activation's output), or any with the same last dim and element count, got [4, 6]"):
+        _C.activation_bwd(tensor(x), tensor(x), hp_output(dx), None, int(A.SWIGLU))
+    with raises(ValueError, p + "grad.shape: expected [4, 6] (the input's shape)"):
+        _C.activation_bwd(tensor(y), tensor(x), hp_output(dx), None, int(A.SILU))
+    with raises(ValueError, p + "grad.dtype: expected float32, float16, bfloat16, got int32"):
+        _C.activation_bwd(tensor(y, I32), tensor(x), hp_output(dx), None, int(A.SWIGLU))
+    with raises(ValueError, p + "dx->rowwise_data.shape: expected [4, 6]"):
+        _C.activation_bwd(tensor(y), tensor(x), hp_output(y), None, int(A.SWIGLU))
+    with raises(ValueError, p + "dbias.shape: expected [6] ([K], the last dim of input), got [3]"):
+        _C.activation_bwd(tensor(y), tensor(x), hp_output(dx), tensor(f32(0, (3,))), int(A.SWIGLU))
+    with raises(ValueError, p + "dbias.dtype: expected float32, float16, bfloat16, got int32"):
+        _C.activation_bwd(tensor(y), tensor(x), hp_output(dx), tensor(f32(0, (6,)), I32), int(A.SWIGLU))
+    with raises(ValueError, p + "activation: expected a te_activation value"):
+        _C.activation_bwd(tensor(y), tensor(x), hp_output(dx), None, 99)
+    q = _C.QuantizedTensor(0, rowwise_data=tensor(dx))
+    q.struct_size = 8
+    with raises(ValueError, p + "dx->struct_size: expected at least"):
+        _C.activation_bwd(tensor(y), tensor(x), q, None, int(A.SWIGLU))
