@@ -49,7 +49,8 @@ def assert_matches_ref(got: np.ndarray, ref64: np.ndarray, what: str, rtol=1e-6,
     assert not bad.any(), (
         f"{what}: {int(bad.sum())} elements off by more than 1 ulp; first got "
         f"{got.reshape(-1)[bad.reshape(-1)][:3].astype(np.float32).tolist()}, want "
-        f"{ref64.reshape(-1)[bad.reshape(-1)][:3].tolist()}")
+        f"{ref64.reshape(-1)[bad.reshape(-1)][:3].tolist()}"
+    )
     off = (d >= 1) & ~fp32_close
     assert off.sum() <= max(1, got.size // 100), f"{what}: {int(off.sum())} off by 1 ulp"
 
@@ -111,15 +112,17 @@ def check_quantized(fused: Quantized, case: str, y32: np.ndarray, fmt: str, what
         if fused.rowwise is not None:
             assert_fp8_equal(fused.rowwise, q.reshape(y32.shape), fmt, what + ": rowwise vs oracle")
         if fused.columnwise is not None:
-            assert_fp8_equal(fused.columnwise, q.reshape(rows, cols).T.copy(), fmt,
-                             what + ": columnwise vs oracle")
+            assert_fp8_equal(
+                fused.columnwise, q.reshape(rows, cols).T.copy(), fmt, what + ": columnwise vs oracle"
+            )
         return
     from _buffers import scale_buffer
 
     rs = scale_buffer(O.block_scale_inv_shape(1, rows, cols, columnwise=False))
     cs = scale_buffer(O.block_scale_inv_shape(1, rows, cols, columnwise=True))
-    q_row, q_col = O.quantize_block(y32, fmt, 1, kw.get("force_pow2_scales", False),
-                                    kw.get("amax_epsilon", 0.0), rs, cs)
+    q_row, q_col = O.quantize_block(
+        y32, fmt, 1, kw.get("force_pow2_scales", False), kw.get("amax_epsilon", 0.0), rs, cs
+    )
     assert_fp8_equal(fused.rowwise, q_row.reshape(y32.shape), fmt, what + ": rowwise vs oracle")
     assert_fp8_equal(fused.columnwise, q_col, fmt, what + ": columnwise vs oracle")
     assert_bits_equal(fused.rowwise_scale_inv, rs, what + ": rowwise_scale_inv vs oracle")

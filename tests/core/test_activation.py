@@ -33,11 +33,20 @@ REF = {
     A.GELU: (gelu, dgelu),
     A.RELU: (lambda x: np.maximum(x, 0), lambda x: (x > 0).astype(np.float64)),
     A.SILU: (lambda x: x * sigmoid(x), lambda x: sigmoid(x) * (1 + x * (1 - sigmoid(x)))),
-    A.QGELU: (lambda x: x * sigmoid(1.702 * x),
-              lambda x: sigmoid(1.702 * x) * (1 + 1.702 * x * (1 - sigmoid(1.702 * x)))),
+    A.QGELU: (
+        lambda x: x * sigmoid(1.702 * x),
+        lambda x: sigmoid(1.702 * x) * (1 + 1.702 * x * (1 - sigmoid(1.702 * x))),
+    ),
     A.SRELU: (lambda x: np.maximum(x, 0) ** 2, lambda x: 2 * np.maximum(x, 0)),
 }
-GATED = {A.GEGLU: A.GELU, A.REGLU: A.RELU, A.SWIGLU: A.SILU, A.QGEGLU: A.QGELU, A.SREGLU: A.SRELU, A.GLU: None}
+GATED = {
+    A.GEGLU: A.GELU,
+    A.REGLU: A.RELU,
+    A.SWIGLU: A.SILU,
+    A.QGEGLU: A.QGELU,
+    A.SREGLU: A.SRELU,
+    A.GLU: None,
+}
 KINDS = list(REF) + list(GATED)
 
 
@@ -128,7 +137,9 @@ def test_bwd_with_dbias(shape, dtype, kind):
     assert_matches_ref(dx, r, f"{kind.name} dx", atol=t)
     r2 = r.reshape(-1, x.shape[-1])
     # dbias sums the fp32 dx (before rounding to dtype): fp32 summation error over M rows.
-    np.testing.assert_allclose(dbias, r2.sum(axis=0), rtol=1e-5, atol=t * r2.shape[0] + 1e-6 * np.abs(r2).sum(axis=0).max())
+    np.testing.assert_allclose(
+        dbias, r2.sum(axis=0), rtol=1e-5, atol=t * r2.shape[0] + 1e-6 * np.abs(r2).sum(axis=0).max()
+    )
 
 
 def test_bwd_dbias_is_sum_of_unrounded_dx():
@@ -178,26 +189,45 @@ def test_errors():
         _C.activation_fwd(tensor(x, I32), hp_output(y), int(A.GELU))
     with raises(ValueError, p + "input.ndim: expected >= 1"):
         _C.activation_fwd(tensor(x, shape=[]), hp_output(y), int(A.GELU))
-    with raises(ValueError, p + "input.shape: expected an even last dim for a gated activation ([..., 2N]: activation half, then linear half), got [4, 5]"):
+    with raises(
+        ValueError,
+        p
+        + "input.shape: expected an even last dim for a gated activation ([..., 2N]: activation half, then linear half), got [4, 5]",
+    ):
         _C.activation_fwd(tensor(np.zeros((4, 5), np.float32)), hp_output(y), int(A.GEGLU))
-    with raises(ValueError, p + "output->rowwise_data.shape: expected [4, 3] (or any with the same last dim and element count), got [4, 6]"):
+    with raises(
+        ValueError,
+        p
+        + "output->rowwise_data.shape: expected [4, 3] (or any with the same last dim and element count), got [4, 6]",
+    ):
         _C.activation_fwd(tensor(x), hp_output(x), int(A.SWIGLU))
     with raises(ValueError, p + "output->rowwise_data.shape: expected [4, 6]"):
         _C.activation_fwd(tensor(x), hp_output(y), int(A.GELU))
     q, cfg = make_quantized("current_ct", (4, 3), O.E4M3)
     d = q.descriptor()
     d.amax = _C.Tensor(0, 0, [])
-    with raises(ValueError, p + "output->amax: current scaling (config->compute_scale = 1) needs an fp32 [1] amax buffer, got NULL"):
+    with raises(
+        ValueError,
+        p
+        + "output->amax: current scaling (config->compute_scale = 1) needs an fp32 [1] amax buffer, got NULL",
+    ):
         _C.activation_fwd(tensor(x), d, int(A.GLU), cfg)
     q, cfg = make_quantized("block1d", (4, 3), O.E4M3)
     with raises(ValueError, p + "config->use_existing_amax: only meaningful with compute_scale = 1"):
         _C.activation_fwd(tensor(x), q.descriptor(), int(A.GLU), _C.QuantConfig(use_existing_amax=True))
     with raises(NotImplementedError, p + "input is on cuda:0 but this te-core was built without CUDA"):
-        _C.activation_fwd(_C.Tensor(x.ctypes.data, 0, [4, 6], 1, 0),
-                          _C.QuantizedTensor(0, rowwise_data=_C.Tensor(y.ctypes.data, 0, [4, 6], 1, 0)), int(A.GELU))
+        _C.activation_fwd(
+            _C.Tensor(x.ctypes.data, 0, [4, 6], 1, 0),
+            _C.QuantizedTensor(0, rowwise_data=_C.Tensor(y.ctypes.data, 0, [4, 6], 1, 0)),
+            int(A.GELU),
+        )
     p = "te_activation_bwd: "
     dx = np.zeros((4, 6), np.float32)
-    with raises(ValueError, p + "grad.shape: expected [4, 3] (the input's shape with the last dim halved: the activation's output), or any with the same last dim and element count, got [4, 6]"):
+    with raises(
+        ValueError,
+        p
+        + "grad.shape: expected [4, 3] (the input's shape with the last dim halved: the activation's output), or any with the same last dim and element count, got [4, 6]",
+    ):
         _C.activation_bwd(tensor(x), tensor(x), hp_output(dx), None, int(A.SWIGLU))
     with raises(ValueError, p + "grad.shape: expected [4, 6] (the input's shape)"):
         _C.activation_bwd(tensor(y), tensor(x), hp_output(dx), None, int(A.SILU))

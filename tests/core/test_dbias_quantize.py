@@ -8,7 +8,7 @@ import _oracle as O
 import numpy as np
 import pytest
 from _buffers import assert_bits_equal, f32, finite_awkward, rng_for, tensor
-from _fused import BF16, HP_TYPES, check_quantized, dtype_id, hp_output, make_quantized
+from _fused import HP_TYPES, check_quantized, dtype_id, hp_output, make_quantized
 from te_core import _C
 
 
@@ -21,7 +21,9 @@ def fp32_column_sum(x):
     return s
 
 
-@pytest.mark.parametrize("case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"])
+@pytest.mark.parametrize(
+    "case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"]
+)
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
 @pytest.mark.parametrize("dtype", HP_TYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (129, 257), (2, 3, 130)], ids=str)
@@ -46,9 +48,12 @@ def test_dbias_quantize(shape, dtype, fmt, case):
     x64 = x.astype(np.float64).reshape(-1, shape[-1])
     fits = np.abs(x64.sum(axis=0)) < 0.99 * float(np.finfo(np.float16).max if dtype == np.float16 else np.inf)
     assert (np.isinf(dbias.astype(np.float64)) == ~fits).all() or dtype != np.float16
-    np.testing.assert_allclose(dbias.astype(np.float64)[fits], x64.sum(axis=0)[fits],
-                               rtol=2.0**-7 if dtype != np.float32 else 1e-6,
-                               atol=1e-6 * np.abs(x64).sum(axis=0).max(initial=0) * x64.shape[0])
+    np.testing.assert_allclose(
+        dbias.astype(np.float64)[fits],
+        x64.sum(axis=0)[fits],
+        rtol=2.0**-7 if dtype != np.float32 else 1e-6,
+        atol=1e-6 * np.abs(x64).sum(axis=0).max(initial=0) * x64.shape[0],
+    )
 
 
 def test_empty_rows_give_zero_dbias():
@@ -79,6 +84,8 @@ def test_errors():
         d = q.descriptor()
         d.rowwise_scale_inv = tensor(np.zeros(1, np.uint8), int(_C.DType.UINT8))
         _C.dbias_quantize(tensor(x), d, tensor(f32(0, (6,))), cfg)
-    with raises(NotImplementedError, p + "scaling_mode mxfp8_1d: quantization to this format is not implemented"):
+    with raises(
+        NotImplementedError, p + "scaling_mode mxfp8_1d: quantization to this format is not implemented"
+    ):
         q2 = _C.QuantizedTensor(int(_C.ScalingMode.MXFP8_1D))
         _C.dbias_quantize(tensor(x), q2, tensor(f32(0, (6,))), cfg)

@@ -58,8 +58,16 @@ def run_fwd(x, gamma, beta, output, rms, zcg=False, eps=EPS, quant_config=None, 
     if rms:
         _C.rmsnorm_fwd(tensor(x), tensor(gamma), output, tensor(rsigma) if stats else None, cfg, quant_config)
     else:
-        _C.layernorm_fwd(tensor(x), tensor(gamma), None if beta is None else tensor(beta), output,
-                         tensor(mu) if stats else None, tensor(rsigma) if stats else None, cfg, quant_config)
+        _C.layernorm_fwd(
+            tensor(x),
+            tensor(gamma),
+            None if beta is None else tensor(beta),
+            output,
+            tensor(mu) if stats else None,
+            tensor(rsigma) if stats else None,
+            cfg,
+            quant_config,
+        )
     return mu, rsigma
 
 
@@ -116,7 +124,9 @@ def test_empty_rows():
     run_fwd(x, np.ones(5, np.float32), np.zeros(5, np.float32), hp_output(y), rms=False)
 
 
-@pytest.mark.parametrize("case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"])
+@pytest.mark.parametrize(
+    "case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"]
+)
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (129, 257), (2, 3, 130)], ids=str)
@@ -149,9 +159,17 @@ def ref_bwd(dz, x, mu, rsigma, gamma, rms, zcg, add=None):
     if add is not None:
         dx = dx + f64(add).reshape(-1, h)
     # The size of the terms dx is a difference of: its fp32 error is relative to this, not to dx.
-    terms = float(np.abs(rs * dxhat).max(initial=0)) + (float(np.abs(f64(add)).max()) if add is not None else 0)
-    return (dx.reshape(x.shape), (dy * xhat).sum(axis=0), dy.sum(axis=0), np.abs(dy * xhat).sum(axis=0),
-            np.abs(dy).sum(axis=0), terms)
+    terms = float(np.abs(rs * dxhat).max(initial=0)) + (
+        float(np.abs(f64(add)).max()) if add is not None else 0
+    )
+    return (
+        dx.reshape(x.shape),
+        (dy * xhat).sum(axis=0),
+        dy.sum(axis=0),
+        np.abs(dy * xhat).sum(axis=0),
+        np.abs(dy).sum(axis=0),
+        terms,
+    )
 
 
 def assert_reduction(got, ref, abs_sum, what):
@@ -180,13 +198,23 @@ def test_bwd(shape, dtype, zcg, variant):
     dgamma, dbeta = np.zeros(h, dtype), np.zeros(h, dtype)
     cfg = _C.NormConfig(zero_centered_gamma=zcg)
     if variant == "layernorm":
-        _C.layernorm_bwd(tensor(dz), tensor(x), tensor(mu), tensor(rsigma), tensor(gamma), tensor(dx),
-                         tensor(dgamma), tensor(dbeta), cfg)
+        _C.layernorm_bwd(
+            tensor(dz),
+            tensor(x),
+            tensor(mu),
+            tensor(rsigma),
+            tensor(gamma),
+            tensor(dx),
+            tensor(dgamma),
+            tensor(dbeta),
+            cfg,
+        )
     elif variant == "rmsnorm":
         _C.rmsnorm_bwd(tensor(dz), tensor(x), tensor(rsigma), tensor(gamma), tensor(dx), tensor(dgamma), cfg)
     else:
-        _C.rmsnorm_bwd_add(tensor(dz), tensor(x), tensor(add), tensor(rsigma), tensor(gamma), tensor(dx),
-                           tensor(dgamma), cfg)
+        _C.rmsnorm_bwd_add(
+            tensor(dz), tensor(x), tensor(add), tensor(rsigma), tensor(gamma), tensor(dx), tensor(dgamma), cfg
+        )
     rdx, rdg, rdb, dg_abs, db_abs, terms = ref_bwd(dz, x, mu, rsigma, gamma, rms, zcg, add)
     # dx cancels (dxhat minus its projections; all of it for H = 1), so its fp32 error is a few
     # ulps of the terms, not of dx.
@@ -227,14 +255,28 @@ class Setup:
         self.dg, self.db = np.zeros(shape[-1], np.float32), np.zeros(shape[-1], np.float32)
 
     def fwd(self, **kw):
-        a = dict(input=tensor(self.x), gamma=tensor(self.gamma), beta=tensor(self.beta),
-                 output=hp_output(self.y), mu=tensor(self.mu), rsigma=tensor(self.rs))
+        a = dict(
+            input=tensor(self.x),
+            gamma=tensor(self.gamma),
+            beta=tensor(self.beta),
+            output=hp_output(self.y),
+            mu=tensor(self.mu),
+            rsigma=tensor(self.rs),
+        )
         a.update(kw)
         _C.layernorm_fwd(**a)
 
     def bwd(self, **kw):
-        a = dict(dz=tensor(self.x), x=tensor(self.x), mu=tensor(self.mu), rsigma=tensor(self.rs),
-                 gamma=tensor(self.gamma), dx=tensor(self.dx), dgamma=tensor(self.dg), dbeta=tensor(self.db))
+        a = dict(
+            dz=tensor(self.x),
+            x=tensor(self.x),
+            mu=tensor(self.mu),
+            rsigma=tensor(self.rs),
+            gamma=tensor(self.gamma),
+            dx=tensor(self.dx),
+            dgamma=tensor(self.dg),
+            dbeta=tensor(self.db),
+        )
         a.update(kw)
         _C.layernorm_bwd(**a)
 
@@ -255,22 +297,41 @@ def test_fwd_errors():
         s.fwd(gamma=tensor(s.gamma[:12].copy()))
     with raises(ValueError, p + "beta.dtype: expected float32, float16, bfloat16, got float8_e4m3"):
         s.fwd(beta=tensor(s.beta, int(_C.DType.FLOAT8_E4M3)))
-    with raises(ValueError, p + "mu.shape: expected 7 elements (one per row of the [M, H] input, M = 7), got [6]"):
+    with raises(
+        ValueError, p + "mu.shape: expected 7 elements (one per row of the [M, H] input, M = 7), got [6]"
+    ):
         s.fwd(mu=tensor(s.mu[:6].copy()))
     with raises(ValueError, p + "rsigma.dtype: expected float32, got bfloat16"):
         s.fwd(rsigma=tensor(s.rs.view(np.uint16)[:7].copy(), int(_C.DType.BFLOAT16)))
-    with raises(ValueError, p + "output->rowwise_data.shape: expected [7, 13] (or any with the same last dim and element count), got [7, 12]"):
+    with raises(
+        ValueError,
+        p
+        + "output->rowwise_data.shape: expected [7, 13] (or any with the same last dim and element count), got [7, 12]",
+    ):
         s.fwd(output=hp_output(np.zeros((7, 12), np.float32)))
-    with raises(ValueError, p + "output->rowwise_data.dtype: expected float32, float16, bfloat16, float8_e4m3, float8_e5m2, got int32"):
+    with raises(
+        ValueError,
+        p
+        + "output->rowwise_data.dtype: expected float32, float16, bfloat16, float8_e4m3, float8_e5m2, got int32",
+    ):
         s.fwd(output=_C.QuantizedTensor(0, rowwise_data=tensor(s.y, I32)))
-    with raises(ValueError, p + "output->columnwise_data: expected NULL for a high-precision (float32) output, got a buffer"):
+    with raises(
+        ValueError,
+        p + "output->columnwise_data: expected NULL for a high-precision (float32) output, got a buffer",
+    ):
         s.fwd(output=_C.QuantizedTensor(0, rowwise_data=tensor(s.y), columnwise_data=tensor(s.y)))
     with raises(ValueError, p + "output->amax: expected NULL for a high-precision (float32) output"):
         s.fwd(output=_C.QuantizedTensor(0, rowwise_data=tensor(s.y), amax=tensor(f32())))
-    with raises(ValueError, p + "output->scaling_mode: expected per_tensor for a high-precision (float32) output, got block_1d"):
+    with raises(
+        ValueError,
+        p + "output->scaling_mode: expected per_tensor for a high-precision (float32) output, got block_1d",
+    ):
         s.fwd(output=_C.QuantizedTensor(1, rowwise_data=tensor(s.y)))
     q = Quantized(0, (7, 13), O.E4M3, columnwise=False)
-    with raises(ValueError, p + "output->scale: delayed scaling (quant_config->compute_scale = 0) needs the fp32 [1] scale"):
+    with raises(
+        ValueError,
+        p + "output->scale: delayed scaling (quant_config->compute_scale = 0) needs the fp32 [1] scale",
+    ):
         s.fwd(output=q.descriptor())
     q = Quantized(0, (7, 13), O.E4M3, columnwise=False, scale=1.0)
     with raises(ValueError, p + "quant_config->amax_epsilon: expected a value >= 0, got -1"):
@@ -293,10 +354,14 @@ def test_fwd_errors():
     with raises(ValueError, p + "config->struct_size: expected at least 12"):
         s.fwd(config=c)
     with raises(NotImplementedError, p + "input is on cuda:0 but"):
-        s.fwd(input=_C.Tensor(s.x.ctypes.data, F32, [7, 13], 1, 0),
-              gamma=_C.Tensor(s.gamma.ctypes.data, F32, [13], 1, 0),
-              beta=None, mu=None, rsigma=None,
-              output=_C.QuantizedTensor(0, rowwise_data=_C.Tensor(s.y.ctypes.data, F32, [7, 13], 1, 0)))
+        s.fwd(
+            input=_C.Tensor(s.x.ctypes.data, F32, [7, 13], 1, 0),
+            gamma=_C.Tensor(s.gamma.ctypes.data, F32, [13], 1, 0),
+            beta=None,
+            mu=None,
+            rsigma=None,
+            output=_C.QuantizedTensor(0, rowwise_data=_C.Tensor(s.y.ctypes.data, F32, [7, 13], 1, 0)),
+        )
     with raises(ValueError, p + "gamma.device: expected the device of input (cpu), got cuda:0"):
         s.fwd(gamma=_C.Tensor(s.gamma.ctypes.data, F32, [13], 1, 0))
     with raises(ValueError, "te_rmsnorm_fwd: rsigma.shape: expected 7 elements"):
@@ -308,7 +373,11 @@ def test_bwd_errors():
     p = "te_layernorm_bwd: "
     with raises(ValueError, p + "x.dtype: expected float32, float16, bfloat16, got int32"):
         s.bwd(x=tensor(s.x, I32))
-    with raises(ValueError, p + "dz.shape: expected [7, 13] (x's shape, or any with the same last dim and element count), got [13, 7]"):
+    with raises(
+        ValueError,
+        p
+        + "dz.shape: expected [7, 13] (x's shape, or any with the same last dim and element count), got [13, 7]",
+    ):
         s.bwd(dz=tensor(s.x, shape=[13, 7]))
     with raises(ValueError, p + "mu.data: expected a pointer to 1 elements, got NULL"):
         s.bwd(mu=_C.Tensor(0, F32, []))
@@ -329,10 +398,19 @@ def test_bwd_errors():
     with raises(ValueError, p + "config->struct_size: expected at least 12"):
         s.bwd(config=c)
     with raises(ValueError, "te_rmsnorm_bwd_add: add.shape: expected [7, 13] (x's shape"):
-        _C.rmsnorm_bwd_add(tensor(s.x), tensor(s.x), tensor(s.x[:3].copy()), tensor(s.rs),
-                           tensor(s.gamma), tensor(s.dx), tensor(s.dg))
+        _C.rmsnorm_bwd_add(
+            tensor(s.x),
+            tensor(s.x),
+            tensor(s.x[:3].copy()),
+            tensor(s.rs),
+            tensor(s.gamma),
+            tensor(s.dx),
+            tensor(s.dg),
+        )
     with raises(ValueError, "te_rmsnorm_bwd: dgamma.dtype: expected float32, float16, bfloat16, got int32"):
-        _C.rmsnorm_bwd(tensor(s.x), tensor(s.x), tensor(s.rs), tensor(s.gamma), tensor(s.dx), tensor(s.dg, I32))
+        _C.rmsnorm_bwd(
+            tensor(s.x), tensor(s.x), tensor(s.rs), tensor(s.gamma), tensor(s.dx), tensor(s.dg, I32)
+        )
 
 
 def test_failed_call_writes_nothing():
