@@ -7,6 +7,10 @@ This slice provides TE's quantizers and quantized tensors:
   -> ``Float8Tensor`` (FP8 data, optional transposed copy, one fp32 scale_inv);
 - ``Float8BlockQuantizer`` (1x128 / 128x128 block scaling) -> ``Float8BlockwiseQTensor``;
 - ``recipe``: te_core's recipes (``te.recipe.DelayedScaling``, ...);
+- ``Linear`` and ``autocast`` (alias ``fp8_autocast``): TE's Linear layer, quantized inside
+  an autocast region with DelayedScaling, Float8CurrentScaling or Float8BlockScaling;
+- ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
+  ``is_nvfp4_available``, ``get_default_recipe``;
 - ``functional``: the GEMMs of a Linear layer on torch and quantized tensors
   (``te.functional.gemm``, ``gemm_dgrad``, ``gemm_wgrad``).
 
@@ -17,8 +21,16 @@ from te_core import recipe as recipe
 
 from te_torch import _ops as _ops  # registers torch.ops.te.*
 from te_torch import functional as functional
+from te_torch._autocast import autocast as autocast
+from te_torch._autocast import fp8_autocast as fp8_autocast
+from te_torch._availability import get_default_recipe as get_default_recipe
+from te_torch._availability import is_fp8_available as is_fp8_available
+from te_torch._availability import is_fp8_block_scaling_available as is_fp8_block_scaling_available
+from te_torch._availability import is_mxfp8_available as is_mxfp8_available
+from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
+from te_torch._linear import Linear as Linear
 from te_torch._quantized_tensor import QuantizedTensor as QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer as Float8BlockQuantizer
 from te_torch._quantizers import Float8CurrentScalingQuantizer as Float8CurrentScalingQuantizer
@@ -37,4 +49,12 @@ __all__ = [
     "QuantizedTensor",
     "Float8Tensor",
     "Float8BlockwiseQTensor",
+    "Linear",
+    "autocast",
+    "fp8_autocast",
+    "is_fp8_available",
+    "is_fp8_block_scaling_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
+    "get_default_recipe",
 ]

@@ -1,0 +1,91 @@
+"""Time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
+dominates): te (FP8 current scaling) against torch.nn.Linear, and te's high-precision GEMM against
+F.linear. On a GPU (default when there is one) each step ends with a synchronize, so the figure is
+host overhead plus a short kernel time for both; on the CPU it is te's reference backend.
+Median microseconds over ``--iters`` steps; prints, asserts nothing; ``--json`` writes the rows.
+
+    PYTHONPATH=packages/te-core/src:packages/te-torch/src python benchmarks/linear_host_time.py
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import te_torch as te
+import torch
+import torch.nn.functional as F
+
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
+
+
+def median_us(fn, iters: int, sync) -> float:
+    for _ in range(5):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--m", type=int, default=16)
+    p.add_argument("--k", type=int, default=1024)
+    p.add_argument("--n", type=int, default=1024)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device(a.device)
+    x = torch.randn(a.m, a.k, requires_grad=True, device=dev)
+    dy = torch.randn(a.m, a.n, device=dev)
+    ref = torch.nn.Linear(a.k, a.n, device=dev)
+    m = te.Linear(a.k, a.n, device=dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    r = te.recipe.Float8CurrentScaling()
+
+    def torch_step():
+        ref(x).backward(dy)
+
+    def te_fp8_step():
+        with te.autocast(recipe=r):
+            y = m(x)
+        y.backward(dy)
+
+    def te_hp_step():
+        m(x).backward(dy)
+
+    w = m.weight.detach()
+    xd = x.detach()
+    rows = [
+        ("torch nn.Linear fwd+bwd", median_us(torch_step, a.iters, sync)),
+        ("te.Linear fp8 current scaling fwd+bwd", median_us(te_fp8_step, a.iters, sync)),
+        ("te.Linear outside autocast fwd+bwd", median_us(te_hp_step, a.iters, sync)),
+        ("F.linear fp32 (forward GEMM only)", median_us(lambda: F.linear(xd, w), a.iters, sync)),
+        (
+            "te.functional.gemm fp32 (forward GEMM only)",
+            median_us(lambda: te.functional.gemm(xd, w), a.iters, sync),
+        ),
+    ]
+    print(f"{a.device}, {torch.get_num_threads()} CPU threads, {a.m}x{a.k} -> {a.n}, median of {a.iters}")
+    for name, us in rows:
+        print(f"  {name:45s} {us:10.1f} us   ({us / rows[0][1]:.2f}x torch fwd+bwd)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": a.device, "shape": [a.m, a.k, a.n], "rows": dict(rows)}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""te.autocast and DelayedScaling state: step-by-step histories and scales against NUMERICS.md's
+rule computed by hand, batched updates, nesting, calibration, state_dict round trips."""
+
+import io
+import warnings
+
+import pytest
+import te_torch as te
+import torch
+from te_core import _C
+from te_torch import recipe
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+f32 = torch.float32
+
+
+def with_amax(shape, amax, seed):
+    """Random values in (-amax/2, amax/2) with one element exactly +-amax: max|t| == amax."""
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.rand(shape, generator=g) - 0.5) * amax
+    t.view(-1)[3] = -amax
+    return t
+
+
+def hand_update(history, scale, fp8_max, margin, algo):
+    """NUMERICS.md DelayedScaling update, written out on python lists of fp32 values per role."""
+    new_hist, new_scale = [], []
+    for h, s in zip(history, scale, strict=True):
+        amax = max(h) if algo == "max" else h[0]
+        if amax > 0 and amax != float("inf"):
+            s = (torch.tensor(fp8_max * 2.0**-margin, dtype=f32) / torch.tensor(amax, dtype=f32)).item()
+        new_scale.append(s)
+        new_hist.append([0.0] + h[2:] + [h[0]] if len(h) > 1 else [0.0])
+    return new_hist, new_scale
+
+
+def columns(t):
+    return [t[:, i].tolist() for i in range(t.shape[1])]
+
+
+@pytest.mark.parametrize(("algo", "margin"), [("max", 0), ("most_recent", 0), ("max", 1)])
+def test_delayed_scaling_history_and_scale_step_by_step(algo, margin):
+    r = recipe.DelayedScaling(margin=margin, amax_history_len=3, amax_compute_algo=algo)
+    m = te.Linear(64, 32, device="cpu")
+    x_amax, w_amax, g_amax = [4.0, 1.5, 2.5], [0.5, 0.25, 0.75], [3.0, 0.125, 10.0]
+    fwd_h, fwd_s = [[0.0] * 3 for _ in range(3)], [1.0] * 3
+    bwd_h, bwd_s = [[0.0] * 3 for _ in range(2)], [1.0] * 2
+    prev_fwd_s = [1.0] * 3
+    for step in range(3):
+        with torch.no_grad():
+            m.weight.copy_(with_amax((32, 64), w_amax[step], 100 + step))
+        x = with_amax((4, 64), x_amax[step], step).requires_grad_(True)
+        used_fwd_scale = m._fwd_state.scale.clone() if step else torch.ones(3)
+        with te.autocast(recipe=r):
+            y = m(x)
+            # inside the region: this step's amaxes are staged in row 0, nothing updated yet
+            assert m._fwd_state.amax_history[0, :2].tolist() == [x_amax[step], w_amax[step]]
+            assert m._fwd_state.scale.tolist() == fwd_s
+        fwd_h[0][0], fwd_h[1][0] = x_amax[step], w_amax[step]
+        fwd_h, fwd_s = hand_update(fwd_h, fwd_s, 448.0, margin, algo)
+        assert columns(m._fwd_state.amax_history) == fwd_h
+        assert m._fwd_state.scale.tolist() == fwd_s
+        # step k's forward used step k-1's scale: delayed scaling really adapts across steps
+        assert used_fwd_scale.tolist() == prev_fwd_s
+        assert step == 0 or (used_fwd_scale[:2] != 1).all()
+        qx = te.Float8Quantizer(used_fwd_scale[0:1].clone(), torch.zeros(1), E4M3)
+        qw = te.Float8Quantizer(used_fwd_scale[1:2].clone(), torch.zeros(1), E4M3)
+        want = qx(x.detach()).dequantize() @ qw(m.weight.detach()).dequantize().T + m.bias.detach()
+        assert torch.allclose(y, want, rtol=1e-6, atol=1e-6)
+        y.backward(with_amax((4, 32), g_amax[step], 50 + step))
+        bwd_h[0][0] = g_amax[step]
+        bwd_h, bwd_s = hand_update(bwd_h, bwd_s, 57344.0, margin, algo)
+        assert columns(m._bwd_state.amax_history) == bwd_h
+        assert m._bwd_state.scale.tolist() == bwd_s
+        prev_fwd_s = list(fwd_s)
+    assert fwd_s[2] == 1.0 and bwd_s[1] == 1.0  # roles never quantized keep their scale
+
+
+def test_current_and_block_scaling_adapt_within_the_step():
+    for r in (recipe.Float8CurrentScaling(), recipe.Float8BlockScaling()):
+        m = te.Linear(128, 64, device="cpu")
+        for amax in (1e-3, 1e3):  # no history: a tiny then a huge input both quantize well
+            x = with_amax((8, 128), amax, 7)
+            with te.autocast(recipe=r):
+                y = m(x)
+            ref = x @ m.weight.detach().T + m.bias.detach()
+            assert ((y - ref).norm() / ref.norm()).item() < 0.1
+        assert m._fwd_state is None  # stateless recipes keep no delayed-scaling state
+
+
+def test_one_batched_update_per_direction(monkeypatch):
+    calls = []
+    real = _C.delayed_scaling_update
+
+    def spy(hists, scales, *args, **kw):
+        calls.append(len(hists))
+        return real(hists, scales, *args, **kw)
+
+    monkeypatch.setattr(_C, "delayed_scaling_update", spy)
+    model = torch.nn.Sequential(*(te.Linear(32, 32, device="cpu") for _ in range(3)))
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        y = model(torch.randn(4, 32, requires_grad=True))
+    assert calls == [3]  # three modules' forward state, one call
+    y.sum().backward()
+    assert calls == [3, 3]  # backward state once, after the whole backward pass
+
+
+def test_module_used_twice_max_accumulates_amax():
+    r = recipe.DelayedScaling(amax_history_len=2)
+    m = te.Linear(32, 16, device="cpu")
+    with te.autocast(recipe=r):
+        a = m(with_amax((4, 32), 2.0, 0))
+        b = m(with_amax((4, 32), 5.0, 1))
+        c = m(with_amax((4, 32), 3.0, 2))
+    assert m._fwd_state.amax_history[:, 0].tolist() == [0.0, 5.0]  # the step's true max
+    assert m._fwd_state.scale[0].item() == pytest.approx(448.0 / 5.0)
+    (a.sum() + b.sum() + c.sum()).backward()  # backward of all three uses, one update
+    assert m._bwd_state.amax_history[1, 0].item() == 1.0
+
+
+def test_nested_regions_and_single_update_at_outermost_exit():
+    m = te.Linear(32, 16, device="cpu")
+    x = torch.randn(4, 32)
+    ref = x @ m.weight.detach().T + m.bias.detach()
+    with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=2)):
+        with te.autocast(enabled=False):
+            assert torch.equal(m(x), ref)  # inner region: high precision
+            assert not te._autocast.is_fp8_enabled()
+        assert te._autocast.is_fp8_enabled()
+        with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=2)):
+            y = m(x)
+        assert m._fwd_state.amax_history[0, 0].item() == x.abs().max().item()  # not updated yet
+        assert not torch.equal(y, ref)
+    assert m._fwd_state.amax_history[0, 0].item() == 0.0  # updated at the outermost exit
+    assert m._fwd_state.amax_history[1, 0].item() == x.abs().max().item()
+    assert not te._autocast.is_fp8_enabled() and te._autocast.get_fp8_recipe() is None
+
+
+def test_same_instance_cannot_be_entered_twice():
+    ctx = te.autocast(recipe=recipe.Float8CurrentScaling())
+    with ctx:
+        with pytest.raises(RuntimeError, match="already active; nest a new te.autocast"):
+            ctx.__enter__()
+    with ctx:  # but it can be reused after it exited
+        pass
+
+
+def test_fp8_autocast_alias_with_te_argument_names():
+    m = te.Linear(32, 16, device="cpu")
+    x = torch.randn(4, 32)
+    r = recipe.DelayedScaling()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with te.fp8_autocast(enabled=True, fp8_recipe=r, fp8_group=None):
+            y = m(x)
+    assert any(issubclass(i.category, DeprecationWarning) for i in w)
+    # updated on exit: the step's amax rolled to the end of the 1024-long history
+    assert m._fwd_state.amax_history[-1, 0].item() == x.abs().max().item()
+    assert m._fwd_state.scale[0].item() == pytest.approx(448.0 / x.abs().max().item())
+    assert y.shape == (4, 16)
+
+
+def test_calibrating_runs_high_precision_and_records_amax():
+    m = te.Linear(32, 16, device="cpu")
+    x = with_amax((4, 32), 6.0, 3)
+    r = recipe.DelayedScaling(amax_history_len=4)
+    with te.autocast(enabled=False, calibrating=True, recipe=r):
+        y = m(x)
+    assert torch.equal(y, x @ m.weight.detach().T + m.bias.detach())
+    w_amax = m.weight.detach().abs().max().item()
+    assert m._fwd_state.amax_history[:, :2].tolist() == [[0, 0], [0, 0], [0, 0], [6.0, w_amax]]
+    assert m._fwd_state.scale[:2].tolist() == [
+        (torch.tensor(448.0) / torch.tensor(6.0)).item(),
+        (torch.tensor(448.0) / torch.tensor(w_amax)).item(),
+    ]
+
+
+def test_callable_amax_and_scale_algorithms():
+    r = recipe.DelayedScaling(
+        amax_history_len=2,
+        amax_compute_algo=lambda h: h.amax(dim=0) * 2,
+        scaling_factor_compute_algo=lambda amax, scale, fp8_max, rec: torch.where(
+            amax > 0, fp8_max / amax, scale
+        ),
+    )
+    m = te.Linear(32, 16, device="cpu")
+    with te.autocast(recipe=r):
+        m(with_amax((4, 32), 7.0, 0))
+    assert m._fwd_state.scale[0].item() == pytest.approx(448.0 / 14.0)
+    assert m._fwd_state.amax_history[:, 0].tolist() == [0.0, 7.0]
+
+
+def _train_steps(m, steps, seed):
+    r = recipe.DelayedScaling(amax_history_len=4)
+    outs = []
+    for s in range(steps):
+        g = torch.Generator().manual_seed(seed + s)
+        x = torch.randn(8, 64, generator=g).requires_grad_(True)
+        with te.autocast(recipe=r):
+            y = m(x)
+        y.backward(torch.randn(8, 32, generator=g))
+        outs.append((y.detach(), x.grad, m.weight.grad.clone()))
+        m.weight.grad = m.bias.grad = None
+    return outs
+
+
+def test_state_dict_round_trip_reproduces_next_step_bit_for_bit(tmp_path):
+    torch.manual_seed(0)
+    a = te.Linear(64, 32, device="cpu")
+    _train_steps(a, 2, seed=10)
+    sd = a.state_dict()
+    assert set(sd["_extra_state"]) == {"fwd_amax_history", "fwd_scale", "bwd_amax_history", "bwd_scale"}
+    path = tmp_path / "linear.pt"
+    torch.save(sd, path)
+    loaded = torch.load(path, weights_only=True)  # plain tensors only, no pickled objects
+    b = te.Linear(64, 32, device="cpu")
+    b.load_state_dict(loaded)
+    assert torch.equal(b._fwd_state.amax_history, a._fwd_state.amax_history)
+    ((ya, dxa, dwa),) = _train_steps(a, 1, seed=20)
+    ((yb, dxb, dwb),) = _train_steps(b, 1, seed=20)
+    assert torch.equal(ya, yb) and torch.equal(dxa, dxb) and torch.equal(dwa, dwb)
+    for sa, sb in ((a._fwd_state, b._fwd_state), (a._bwd_state, b._bwd_state)):
+        assert torch.equal(sa.amax_history, sb.amax_history) and torch.equal(sa.scale, sb.scale)
+    # a fresh module's state_dict (no delayed state yet) round-trips too
+    buf = io.BytesIO()
+    torch.save(te.Linear(8, 8, device="cpu").state_dict(), buf)
+    buf.seek(0)
+    c = te.Linear(8, 8, device="cpu")
+    c.load_state_dict(torch.load(buf, weights_only=True))
+    assert c._fwd_state is None
+
+
+def test_availability_and_default_recipe_on_cpu():
+    ok, why = te.is_fp8_available(return_reason=True)
+    assert ok is True and "CPU emulation" in why
+    assert te.is_fp8_block_scaling_available() is True
+    ok, why = te.is_mxfp8_available(return_reason=True)
+    assert ok is False and "no MXFP8 quantization yet" in why
+    assert te.is_nvfp4_available() is False
+    r, why = te.get_default_recipe(return_reason=True)
+    assert isinstance(r, recipe.Float8CurrentScaling) and "CPU" in why
+    m = te.Linear(128, 32, device="cpu")
+    x = torch.randn(4, 128)
+    with te.autocast():
+        y = m(x)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        assert torch.equal(m(x), y)
+
+
+_REDUCE_SCRIPT = """
+import sys, torch, torch.distributed as dist, te_torch as te
+rank, path = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+torch.manual_seed(0)
+m = te.Linear(16, 8, device="cpu")
+x = torch.full((2, 16), 1.0 + 3.0 * rank)  # amax 1 on rank 0, 4 on rank 1
+with te.autocast(recipe=te.recipe.DelayedScaling(amax_history_len=2)):
+    m(x)
+print(m._fwd_state.amax_history[1, 0].item(), m._fwd_state.scale[0].item())
+dist.destroy_process_group()
+"""
+
+
+def test_amax_reduction_over_gloo_group(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "reduce.py"
+    script.write_text(_REDUCE_SCRIPT)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(tmp_path / "rdzv")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        amax, scale = map(float, out.split())
+        assert amax == 4.0 and scale == 448.0 / 4.0  # both ranks: the max over the group

@@ -1,0 +1,279 @@
+"""te.Linear on CPU: numerics of every recipe against an emulated reference (te's quantizers,
+dequantized, fp32 math: tight) and the fp32 reference (loose), weight caching, main_grad, errors,
+torch.compile. Delayed-scaling state over steps lives in test_autocast.py."""
+
+import pytest
+import te_torch as te
+import torch
+import torch.nn.functional as F
+from te_torch import recipe
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+RECIPES = {
+    "delayed": recipe.DelayedScaling,
+    "current": recipe.Float8CurrentScaling,
+    "block": recipe.Float8BlockScaling,
+}
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def deq(q, x, row: bool) -> torch.Tensor:
+    """fp32 values of x's row-wise (or column-wise) copy as ``q`` quantizes it."""
+    q = q.copy()
+    q.set_usage(rowwise=row, columnwise=not row)
+    return q(x).dequantize(dtype=torch.float32)
+
+
+def ref_quantizers(r, fwd_scale=None, bwd_scale=None):
+    """Fresh quantizers configured as te.Linear's for recipe ``r`` (x, w, dy)."""
+    if r.delayed():
+        g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
+        fs = torch.ones(3) if fwd_scale is None else fwd_scale.clone()
+        bs = torch.ones(2) if bwd_scale is None else bwd_scale.clone()
+        return (
+            te.Float8Quantizer(fs[0:1], torch.zeros(1), E4M3),
+            te.Float8Quantizer(fs[1:2], torch.zeros(1), E4M3),
+            te.Float8Quantizer(bs[0:1], torch.zeros(1), g),
+        )
+    if r.float8_current_scaling():
+        g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
+        return (
+            te.Float8CurrentScalingQuantizer(E4M3),
+            te.Float8CurrentScalingQuantizer(E4M3),
+            te.Float8CurrentScalingQuantizer(g),
+        )
+    return (
+        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.x_block_scaling_dim),
+        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.w_block_scaling_dim),
+        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.grad_block_scaling_dim),
+    )
+
+
+def emulate(r, x, w, b, dy, fwd_scale=None, bwd_scale=None):
+    """(y, dx, dw, db) in fp32 from dequantized operands (NUMERICS.md "How to test numerics")."""
+    qx, qw, qg = ref_quantizers(r, fwd_scale, bwd_scale)
+    k, n = x.shape[-1], w.shape[0]
+    y = deq(qx, x, True) @ deq(qw, w, True).T + (0 if b is None else b.float())
+    dx = deq(qg, dy, True) @ deq(qw, w, False)
+    dw = deq(qg, dy, False).reshape(-1, n).T @ deq(qx, x, False).reshape(-1, k)
+    db = dy.float().reshape(-1, n).sum(0)
+    return y, dx, dw, db
+
+
+def run(m, x, dy, r, **kw):
+    x = x.detach().clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = m(x, **kw)
+    y.backward(dy)
+    return y.detach(), x.grad, m.weight.grad, None if m.bias is None else m.bias.grad
+
+
+@pytest.mark.parametrize("shape", [(32, 256), (2, 24, 160)], ids=["2d", "3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_linear_matches_emulated_and_fp32_reference(name, dtype, shape):
+    torch.manual_seed(0)
+    r = RECIPES[name]()
+    k, n = shape[-1], 192
+    m = te.Linear(k, n, params_dtype=dtype, device="cpu")
+    with torch.no_grad():
+        m.bias.normal_(0, 0.5)
+    x = torch.randn(shape, dtype=dtype)
+    dy = torch.randn(*shape[:-1], n, dtype=dtype)
+    fwd_scale = bwd_scale = None
+    if r.delayed():  # a first step sets the scales the checked (second) step uses
+        run(m, x * 0.7, dy * 0.7, r)
+        m.weight.grad = m.bias.grad = None
+        fwd_scale, bwd_scale = m._fwd_state.scale.clone(), m._bwd_state.scale.clone()
+        assert (fwd_scale[:2] != 1).all() and (bwd_scale[:1] != 1).all()
+    got = run(m, x, dy, r)
+    want = emulate(r, x, m.weight.detach(), m.bias.detach(), dy, fwd_scale, bwd_scale)
+    tight = 1e-5 if dtype == torch.float32 else 1e-2
+    for g, w, what in zip(got, want, ("y", "dx", "dw", "db"), strict=True):
+        assert g.dtype == dtype and g.shape == (w.shape if what != "y" else (*shape[:-1], n)), what
+        assert rel(g, w) <= tight, (what, rel(g, w))
+    # loose: against the unquantized fp32 math (E4M3 forward; HYBRID gradients are E5M2)
+    xf, wf = x.float(), m.weight.detach().float()
+    yf = F.linear(xf, wf, m.bias.detach().float())
+    dxf = dy.float() @ wf
+    dwf = dy.float().reshape(-1, n).T @ xf.reshape(-1, k)
+    grad_tol = 0.2 if r.fp8_format == recipe.Format.HYBRID else 0.1
+    assert rel(got[0], yf) <= 0.1
+    assert rel(got[1], dxf) <= grad_tol
+    assert rel(got[2], dwf) <= grad_tol
+    assert rel(got[0], yf) > 1e-4  # it really was quantized
+
+
+def test_outside_autocast_is_plain_linear():
+    torch.manual_seed(1)
+    m = te.Linear(48, 40, device="cpu")
+    ref = torch.nn.Linear(48, 40)
+    ref.load_state_dict({"weight": m.weight.detach(), "bias": m.bias.detach()})
+    x = torch.randn(3, 5, 48)
+    assert torch.equal(m(x), ref(x))
+    with te.autocast(enabled=False):
+        assert torch.equal(m(x), ref(x))
+
+
+def test_default_parameters_follow_te():
+    torch.manual_seed(2)
+    m = te.Linear(512, 1024, device="cpu")
+    assert m.weight.shape == (1024, 512) and m.weight.dtype == torch.get_default_dtype()
+    assert torch.equal(m.bias, torch.zeros(1024))
+    assert abs(m.weight.std().item() - 0.023) < 1e-3
+    assert m.weight.device.type == te._availability.default_device().type
+    m2 = te.Linear(8, 4, bias=False, init_method=torch.nn.init.ones_, device="cpu")
+    assert m2.bias is None and torch.equal(m2.weight, torch.ones(4, 8))
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+
+
+def test_return_bias_and_parameters_split():
+    torch.manual_seed(3)
+    m = te.Linear(32, 48, return_bias=True, device="cpu")
+    with torch.no_grad():
+        m.bias.fill_(0.5)
+    x = torch.randn(4, 32)
+    out, b = m(x)
+    assert b is m.bias and torch.equal(out, x @ m.weight.T)
+    s = te.Linear(32, 48, parameters_split=("query_", "key_", "value_"), device="cpu")
+    names = [n for n, _ in s.named_parameters()]
+    assert names == ["query_weight", "query_bias", "key_weight", "key_bias", "value_weight", "value_bias"]
+    w = torch.cat([s.query_weight, s.key_weight, s.value_weight])
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = s(x)
+    y.sum().backward()
+    assert s.key_weight.grad.shape == (16, 32)
+    want = emulate(recipe.Float8CurrentScaling(), x, w.detach(), None, torch.ones(4, 48))[0]
+    assert rel(y, want) <= 1e-5
+    d = te.Linear(32, 48, parameters_split={"a": 16, "b": 32}, device="cpu")
+    assert d.b_weight.shape == (32, 32)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_is_first_microbatch_reuses_cached_weight(name):
+    torch.manual_seed(4)
+    r = RECIPES[name]()
+    m = te.Linear(128, 64, device="cpu")
+    x = torch.randn(16, 128)
+    with te.autocast(recipe=r):
+        y1 = m(x, is_first_microbatch=True)
+    w_old = m.weight.detach().clone()
+    fwd_scale = None if m._fwd_state is None else m._fwd_state.scale.clone()
+    with torch.no_grad():
+        m.weight.mul_(3.0)  # the cached FP8 copy must be used, not this
+    with te.autocast(recipe=r):
+        y2 = m(x, is_first_microbatch=False)
+        y3 = m(x, is_first_microbatch=None)
+    assert torch.equal(y1, y2) or r.delayed()  # delayed: step 2 quantizes x with a new scale
+    # y2 used the old weight quantized in step 1 (delayed: with scale 1); y3 the new weight
+    # (delayed: quantized with the scale step 1 produced)
+    qx, qw1, _ = ref_quantizers(r, torch.ones(3) if r.delayed() else None)
+    _, qw2, _ = ref_quantizers(r, fwd_scale)
+    if r.delayed():
+        qx = te.Float8Quantizer(fwd_scale[0:1].clone(), torch.zeros(1), E4M3)
+    xd = deq(qx, x, True)
+    want2 = xd @ deq(qw1, w_old, True).T + m.bias.detach()
+    want3 = xd @ deq(qw2, 3 * w_old, True).T + m.bias.detach()
+    assert rel(y2, want2) <= 1e-6
+    assert rel(y3, want3) <= 1e-6 and rel(y3, y2) > 0.5
+    # backward of a cached-weight call uses the cached weight too
+    xg = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        m(xg, is_first_microbatch=False).sum().backward()
+    assert rel(xg.grad, torch.ones(16, 64) @ w_old) < 0.1
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_fuse_wgrad_accumulation_into_main_grad(name):
+    torch.manual_seed(5)
+    r = RECIPES[name](**({"amax_history_len": 4} if name == "delayed" else {}))
+    m = te.Linear(128, 64, fuse_wgrad_accumulation=True, device="cpu", params_dtype=torch.bfloat16)
+    m.weight.main_grad = torch.full((64, 128), 0.25)
+    total = torch.full((64, 128), 0.25)
+    for step in range(2):
+        x = torch.randn(2, 8, 128, dtype=torch.bfloat16)
+        dy = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+        fs = bs = None
+        if r.delayed():
+            fs, bs = (
+                m._fwd_state.scale.clone() if step else None,
+                m._bwd_state.scale.clone() if step else None,
+            )
+        _, _, dw, db = run(m, x, dy, r)
+        assert dw is None  # the gradient went into main_grad
+        total += emulate(r, x, m.weight.detach(), None, dy, fs, bs)[2]
+        assert db is not None
+    assert m.weight.main_grad.dtype == torch.float32
+    assert rel(m.weight.main_grad, total) <= 1e-5
+    m.weight.overwrite_main_grad = True
+    x, dy = torch.randn(8, 128, dtype=torch.bfloat16), torch.randn(8, 64, dtype=torch.bfloat16)
+    fs, bs = (m._fwd_state.scale.clone(), m._bwd_state.scale.clone()) if r.delayed() else (None, None)
+    run(m, x, dy, r)
+    assert rel(m.weight.main_grad, emulate(r, x, m.weight.detach(), None, dy, fs, bs)[2]) <= 1e-5
+
+
+def test_bad_inputs_say_what_to_do():
+    m = te.Linear(64, 32, device="cpu")
+    with pytest.raises(ValueError, match=r"in_features=64, got shape \(4, 63\); reshape"):
+        m(torch.randn(4, 63))
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        with pytest.raises(ValueError, match="in_features=64"):
+            m(torch.randn(4, 63))
+        with pytest.raises(TypeError, match=r"got torch.float64; cast it"):
+            m(torch.randn(4, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="fp8_format"):
+        recipe.DelayedScaling(fp8_format=recipe.Format.E5M2)
+    with pytest.raises(ValueError, match="fp8_format"):
+        recipe.Float8CurrentScaling(fp8_format=recipe.Format.E5M2)
+    with pytest.raises(TypeError, match=r"recipe: expected a te.recipe recipe .*got str"):
+        te.autocast(recipe="delayed")
+    for r, what in ((recipe.MXFP8BlockScaling(), "MXFP8"), (recipe.NVFP4BlockScaling(), "NVFP4")):
+        with (
+            te.autocast(recipe=r),
+            pytest.raises(
+                NotImplementedError,
+                match=f"{type(r).__name__} is not supported yet: te-core has no MXFP8 / NVFP4 quantization",
+            ),
+        ):
+            m(torch.randn(4, 64))
+        assert what in str(type(r).__name__)
+    with pytest.raises(NotImplementedError, match="fp8_output"):
+        m(torch.randn(4, 64), fp8_output=True)
+    with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
+        te.Linear(4, 4, tp_size=2, device="cpu")
+    with pytest.raises(TypeError, match="params_dtype"):
+        te.Linear(4, 4, params_dtype=torch.float64, device="cpu")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'foo'"):
+        te.Linear(4, 4, foo=1, device="cpu")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", ["current", "block"])
+def test_compile_fullgraph_matches_eager(name, backend):
+    torch._dynamo.reset()
+    torch.manual_seed(6)
+    r = RECIPES[name]()
+    m = te.Linear(128, 96, device="cpu")
+
+    def step(x):
+        with te.autocast(recipe=r):
+            return m(x)
+
+    cstep = torch.compile(step, fullgraph=True, backend=backend)
+    for seed in range(2):
+        x = torch.randn(2, 16, 128, generator=torch.Generator().manual_seed(seed))
+        xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ye = step(xe)
+        ye.sum().backward()
+        ge, gbe = m.weight.grad.clone(), m.bias.grad.clone()
+        m.weight.grad = m.bias.grad = None
+        yc = cstep(xc)
+        yc.sum().backward()
+        assert torch.equal(yc, ye)
+        assert torch.equal(xc.grad, xe.grad)
+        assert torch.equal(m.weight.grad, ge) and torch.equal(m.bias.grad, gbe)
+        m.weight.grad = m.bias.grad = None
