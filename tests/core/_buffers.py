@@ -29,9 +29,16 @@ def te_dtype(arr: np.ndarray, dtype: int | None = None) -> int:
     return SOURCE_DTYPES[arr.dtype]
 
 
+# Arrays whose memory a descriptor points at, kept alive until the test ends (conftest.py clears
+# it): a descriptor does not own memory, and `tensor(np.zeros(...))` would otherwise hand te a
+# freed buffer.
+ALIVE: list[np.ndarray] = []
+
+
 def tensor(arr: np.ndarray, dtype: int | None = None, shape=None) -> _C.Tensor:
-    """A CPU te_tensor over arr's memory (arr must stay alive while it is used)."""
+    """A CPU te_tensor over arr's memory; arr is kept alive for the rest of the test."""
     assert arr.flags.c_contiguous
+    ALIVE.append(arr)
     return _C.Tensor(arr.ctypes.data, te_dtype(arr, dtype), list(arr.shape if shape is None else shape))
 
 

@@ -7,3 +7,14 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 if _here not in sys.path:
     sys.path.insert(0, _here)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _release_descriptor_buffers():
+    yield
+    import _buffers
+
+    _buffers.ALIVE.clear()
