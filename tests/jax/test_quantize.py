@@ -490,10 +490,21 @@ def test_importing_te_jax_does_not_import_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok ['ScaledTensor', '__version__', 'gemm', 'quantize', 'recipe']"
+    assert r.stdout.strip() == (
+        "ok ['ScaledTensor', '__version__', 'activation', 'dense', 'gemm', 'layernorm', 'quantize', 'recipe']"
+    )
 
 
 def test_public_surface():
     assert te_jax.__version__ == "0.1.0"
     assert te_jax.recipe.DelayedScaling is not None
-    assert set(te_jax.__all__) == {"__version__", "recipe", "quantize", "gemm", "ScaledTensor"}
+    assert set(te_jax.__all__) == {
+        "__version__",
+        "recipe",
+        "quantize",
+        "gemm",
+        "ScaledTensor",
+        "dense",
+        "layernorm",
+        "activation",
+    }

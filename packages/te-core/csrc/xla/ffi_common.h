@@ -111,6 +111,17 @@ auto on_cuda(Body body) {
   };
 }
 
+// The output of a fused op (norm, activation) as a te_quantized_tensor: high precision
+// (`quantized` false: rowwise_data alone, PER_TENSOR) or te_quantize_ffi's six parts for
+// `scaling_mode`. Defined in ffi_norm.cpp.
+ffi::Error describe_output(const te_device& device, bool quantized, int32_t scaling_mode,
+                           bool rowwise, bool columnwise, ffi::Result<ffi::AnyBuffer>& rowwise_data,
+                           ffi::Result<ffi::AnyBuffer>& rowwise_scale_inv,
+                           ffi::Result<ffi::AnyBuffer>& columnwise_data,
+                           ffi::Result<ffi::AnyBuffer>& columnwise_scale_inv,
+                           ffi::Result<ffi::AnyBuffer>& amax, ffi::Result<ffi::AnyBuffer>& scale,
+                           te_quantized_tensor* out);
+
 }  // namespace te::xla_ffi
 
 // The handler symbols, defined in the ffi_*.cpp files beside this one and exported as PyCapsules
@@ -125,3 +136,13 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_fwd_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_fwd_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_bwd_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_bwd_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_fwd_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_fwd_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_bwd_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_bwd_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dbias_quantize_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dbias_quantize_ffi_cuda);

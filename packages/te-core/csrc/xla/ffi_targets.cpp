@@ -28,6 +28,11 @@ constexpr Target kTargets[] = {
     {"te_amax_ffi", te_amax_ffi_cpu, te_amax_ffi_cuda},
     {"te_transpose_ffi", te_transpose_ffi_cpu, te_transpose_ffi_cuda},
     {"te_gemm_ffi", te_gemm_ffi_cpu, te_gemm_ffi_cuda},
+    {"te_norm_fwd_ffi", te_norm_fwd_ffi_cpu, te_norm_fwd_ffi_cuda},
+    {"te_norm_bwd_ffi", te_norm_bwd_ffi_cpu, te_norm_bwd_ffi_cuda},
+    {"te_act_fwd_ffi", te_act_fwd_ffi_cpu, te_act_fwd_ffi_cuda},
+    {"te_act_bwd_ffi", te_act_bwd_ffi_cpu, te_act_bwd_ffi_cuda},
+    {"te_dbias_quantize_ffi", te_dbias_quantize_ffi_cpu, te_dbias_quantize_ffi_cuda},
 };
 
 }  // namespace

@@ -128,3 +128,88 @@ def gemm_outputs(
         TensorSpec((m, n) if aux else ABSENT_SHAPE, out_dtype),
         TensorSpec((m,) if bias_grad else ABSENT_SHAPE, bias_grad_dtype),
     )
+
+
+# The fused ops whose output is "high precision or FP8" (norm forward, activation forward and
+# backward, dbias_quantize) return that output as the quantize op's six parts, in
+# QUANTIZE_OUTPUTS order; high precision is rowwise_data alone in its dtype, the rest absent.
+NORM_TYPES = {"layernorm": 0, "rmsnorm": 1}
+
+# te_activation values (te/activation.h); gated kinds take [..., 2N] and give [..., N].
+ACTIVATIONS = {
+    "gelu": 0,
+    "relu": 1,
+    "silu": 2,
+    "qgelu": 3,
+    "srelu": 4,
+    "geglu": 100,
+    "reglu": 101,
+    "swiglu": 102,
+    "qgeglu": 103,
+    "sreglu": 104,
+    "glu": 105,
+}
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows
+
+
+def fused_output(
+    shape: tuple[int, ...],
+    out_dtype: int,
+    scaling_mode: int | None,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    per_tensor_stats: bool = False,
+) -> tuple[TensorSpec, ...]:
+    """A fused op's output of source ``shape``: ``scaling_mode`` None is high precision in
+    ``out_dtype`` (fp32/fp16/bf16); otherwise ``quantize_outputs`` with ``out_dtype`` the FP8
+    dtype."""
+    if scaling_mode is None:
+        absent = TensorSpec(ABSENT_SHAPE, FLOAT32)
+        return (TensorSpec(tuple(shape), out_dtype), absent, absent, absent, absent, absent)
+    return quantize_outputs(tuple(shape), scaling_mode, out_dtype, rowwise, columnwise, per_tensor_stats)
+
+
+def norm_fwd_outputs(
+    shape: tuple[int, ...], norm_type: int, output: tuple[TensorSpec, ...]
+) -> tuple[TensorSpec, ...]:
+    """Norm forward: ``output`` (from fused_output) then mu [M] (layernorm; rmsnorm absent) and
+    rsigma [M], fp32, M the rows of x [..., H]."""
+    m = _rows(shape)
+    mu = (m,) if norm_type == NORM_TYPES["layernorm"] else ABSENT_SHAPE
+    return tuple(output) + (TensorSpec(mu, FLOAT32), TensorSpec((m,), FLOAT32))
+
+
+def norm_bwd_outputs(
+    x_shape: tuple[int, ...], norm_type: int, dx_dtype: int, gamma_dtype: int
+) -> tuple[TensorSpec, ...]:
+    """Norm backward: dx (x's shape), dgamma [H], dbeta [H] (layernorm; rmsnorm absent)."""
+    h = x_shape[-1]
+    dbeta = (h,) if norm_type == NORM_TYPES["layernorm"] else ABSENT_SHAPE
+    return (
+        TensorSpec(tuple(x_shape), dx_dtype),
+        TensorSpec((h,), gamma_dtype),
+        TensorSpec(dbeta, gamma_dtype),
+    )
+
+
+def activation_out_shape(x_shape: tuple[int, ...], activation: int) -> tuple[int, ...]:
+    """act(x)'s shape: gated kinds (>= 100) halve the last dim ([..., 2N] -> [..., N])."""
+    if activation >= 100:
+        if not x_shape or x_shape[-1] % 2:
+            raise ValueError(
+                f"x: a gated activation expects an even last dim ([..., 2N]: activation input "
+                f"then gate), got shape {tuple(x_shape)}"
+            )
+        return tuple(x_shape[:-1]) + (x_shape[-1] // 2,)
+    return tuple(x_shape)
+
+
+def dbias_output(x_shape: tuple[int, ...], dtype: int, wanted: bool) -> TensorSpec:
+    """The column sums of x [..., K]: [K], or absent."""
+    return TensorSpec((x_shape[-1],) if wanted else ABSENT_SHAPE, dtype)

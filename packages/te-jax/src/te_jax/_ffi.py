@@ -22,6 +22,11 @@ DEQUANTIZE = "te_dequantize_ffi"
 AMAX = "te_amax_ffi"
 TRANSPOSE = "te_transpose_ffi"
 GEMM = "te_gemm_ffi"
+NORM_FWD = "te_norm_fwd_ffi"
+NORM_BWD = "te_norm_bwd_ffi"
+ACT_FWD = "te_act_fwd_ffi"
+ACT_BWD = "te_act_bwd_ffi"
+DBIAS_QUANTIZE = "te_dbias_quantize_ffi"
 
 # (te_core's platform name, jax's platform name for register_ffi_target)
 _PLATFORMS = (("cpu", "cpu"), ("cuda", "CUDA"))

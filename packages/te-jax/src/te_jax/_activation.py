@@ -1,0 +1,149 @@
+"""activation: TE Flax's activation tuples as a jax.custom_vjp over te-core's kernels
+(te/activation.h).
+
+``activation_type`` is TE's tuple: one name for a plain activation, (name, "linear") for the
+gated one. Gated inputs are [..., 2N] with the activation's input first and the linear gate
+second (te-core's and TE's convention), and give [..., N]. The forward keeps x (the
+pre-activation); the backward runs te_act_bwd_ffi on it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from te_core import _ops
+
+from te_jax import _dtypes, _ffi, _fused
+
+# TE Flax's names -> te_activation (te_core._ops.ACTIVATIONS).
+_KINDS = {
+    ("gelu",): "gelu",
+    ("relu",): "relu",
+    ("silu",): "silu",
+    ("quick_gelu",): "qgelu",
+    ("squared_relu",): "srelu",
+    ("gelu", "linear"): "geglu",
+    ("relu", "linear"): "reglu",
+    ("silu", "linear"): "swiglu",
+    ("quick_gelu", "linear"): "qgeglu",
+    ("squared_relu", "linear"): "sreglu",
+    ("sigmoid", "linear"): "glu",
+}
+_ACCEPTED = ", ".join(repr(k) for k in _KINDS)
+
+
+def activation_kind(activation_type) -> int:
+    """The te_activation of a TE Flax tuple (a bare string means a 1-tuple)."""
+    key = (activation_type,) if isinstance(activation_type, str) else activation_type
+    try:
+        key = tuple(key)
+        name = _KINDS[key]
+    except (TypeError, KeyError):
+        raise ValueError(f"activation_type: expected one of {_ACCEPTED}, got {activation_type!r}") from None
+    return _ops.ACTIVATIONS[name]
+
+
+def activation(x, activation_type=("gelu",)):
+    """TE Flax's activation on the last dim of ``x``, through te-core.
+
+    Plain kinds (("gelu",) tanh-approximate GELU, ("relu",), ("silu",), ("quick_gelu",) =
+    x*sigmoid(1.702x), ("squared_relu",)) keep the shape. Gated kinds (("gelu", "linear") GeGLU,
+    ("silu", "linear") SwiGLU, ("relu", "linear"), ("quick_gelu", "linear"), ("squared_relu",
+    "linear"), ("sigmoid", "linear") GLU) take x [..., 2N] and return
+    ``act(x[..., :N]) * x[..., N:]`` [..., N]. Math is fp32; the result has x's dtype
+    (float32, bfloat16, float16). Differentiable (te's backward kernel) and jit-able.
+    """
+    kind = activation_kind(activation_type)
+    if not isinstance(x, jax.Array):
+        try:
+            x = jnp.asarray(x)
+        except TypeError:
+            raise TypeError(f"x: expected a jax array, got {type(x).__name__}") from None
+    _dtypes.as_dtype(x.dtype, "x.dtype", _dtypes.SOURCE)
+    if x.ndim < 1:
+        raise ValueError(f"x: expected shape [..., K] with at least one dim, got {tuple(x.shape)}")
+    _ops.activation_out_shape(tuple(x.shape), kind)  # raises for an odd gated width
+    return _activation(kind, x)
+
+
+def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None):
+    """act(x): high precision (x's dtype) or a ScaledTensor per ``fp8``."""
+    out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
+    parts = _act_fwd(x, kind=kind, fp8=fp8)
+    return _fused.assemble(parts, out_shape, x.dtype, fp8)
+
+
+def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False):
+    """(dx, dbias or None): dx high precision (x's dtype) or a ScaledTensor per ``fp8``."""
+    parts = _act_bwd(grad, x, kind=kind, fp8=fp8, dbias=dbias)
+    dx = _fused.assemble(parts[:6], x.shape, x.dtype, fp8)
+    return dx, (parts[6] if dbias else None)
+
+
+def dbias_quantize(x, fp8: _fused.Fp8Out):
+    """(x quantized per ``fp8``, the column sums of x [K] in x's dtype), one te kernel."""
+    parts = _dbias_quantize(x, fp8=fp8)
+    return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6]
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "fp8"))
+def _act_fwd(x, *, kind, fp8):
+    out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
+    scale, amax = _fused.absent_stats()
+    return _ffi.call(
+        _ffi.ACT_FWD,
+        _fused.output_specs(out_shape, x.dtype, fp8),
+        x,
+        scale,
+        amax,
+        activation=np.int32(kind),
+        **_fused.attrs(fp8),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "fp8", "dbias"))
+def _act_bwd(grad, x, *, kind, fp8, dbias):
+    specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
+        _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), dbias),
+    )
+    scale, amax = _fused.absent_stats()
+    return _ffi.call(
+        _ffi.ACT_BWD,
+        specs,
+        grad,
+        x,
+        scale,
+        amax,
+        activation=np.int32(kind),
+        has_dbias=np.bool_(dbias),
+        **_fused.attrs(fp8),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("fp8",))
+def _dbias_quantize(x, *, fp8):
+    specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
+        _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), True),
+    )
+    scale, amax = _fused.absent_stats()
+    return _ffi.call(_ffi.DBIAS_QUANTIZE, specs, x, scale, amax, **_fused.attrs(fp8, with_quantized=False))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _activation(kind, x):
+    return act_fwd(x, kind)
+
+
+def _activation_fwd(kind, x):
+    return act_fwd(x, kind), x
+
+
+def _activation_bwd(kind, x, dy):
+    dx, _ = act_bwd(dy.astype(x.dtype), x, kind)
+    return (dx,)
+
+
+_activation.defvjp(_activation_fwd, _activation_bwd)

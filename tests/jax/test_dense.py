@@ -1,0 +1,157 @@
+"""te_jax.dense on the CPU backend: forward and jax.grad, high precision and under each recipe.
+
+References (NUMERICS.md "How to test numerics"), normwise relative error:
+  - high precision: plain jnp in fp32, <= 1e-5;
+  - FP8 recipes: tight (<= 1e-5) against the emulated reference: the very copies te's GEMMs read,
+    quantized with te_jax.quantize and dequantized, then jnp fp32 math (dy in the backward format:
+    E5M2 under Format.HYBRID); loose (<= 0.1) against the unquantized fp32 reference.
+
+Run: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/jax/test_dense.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import te_jax
+from te_jax import recipe
+
+F32 = jnp.float32
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+HI = jax.lax.Precision.HIGHEST
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def make(m=256, k=256, n=128, lead=(2,), seed=0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    x = jax.random.normal(ks[0], lead + (m // max(1, int(np.prod(lead))), k), F32)
+    w = jax.random.normal(ks[1], (k, n), F32) / np.sqrt(k)
+    b = jax.random.normal(ks[2], (n,), F32)
+    dy = jax.random.normal(ks[3], x.shape[:-1] + (n,), F32)
+    return x, w, b, dy
+
+
+def ref_dense(x, w, b):
+    y = jnp.matmul(x, w, precision=HI)
+    return y if b is None else y + b
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_high_precision(use_bias):
+    x, w, b, dy = make()
+    b = b if use_bias else None
+    y, vjp = jax.vjp(te_jax.dense, x, w, b)
+    y_ref, vjp_ref = jax.vjp(ref_dense, x, w, b)
+    assert y.shape == y_ref.shape and rel(y, y_ref) <= 1e-5
+    for name, a, r in zip(("dx", "dkernel", "dbias"), vjp(dy), vjp_ref(dy), strict=False):
+        if r is None:
+            assert a is None
+            continue
+        assert a.shape == r.shape, name
+        assert rel(a, r) <= 1e-5, (name, rel(a, r))
+
+
+def _q(t, mode, dtype, pow2, copy):
+    q = te_jax.quantize(t, dtype=dtype, scaling_mode=mode, columnwise=True, force_pow2_scales=pow2)
+    if copy == "columnwise":
+        q = dataclasses.replace(q, data=None, scale_inv=None)
+    return q.dequantize(F32)
+
+
+def emulated(x, w, b, dy, r):
+    """The emulated reference of dense under recipe r: (y, dx, dw, db)."""
+    if isinstance(r, recipe.Float8BlockScaling):
+        mode = {1: "block_1d", 2: "block_2d"}
+        xm, wm, gm = (
+            mode[r.x_block_scaling_dim],
+            mode[r.w_block_scaling_dim],
+            mode[r.grad_block_scaling_dim],
+        )
+        fwd = bwd = E4M3
+        pow2 = not r.use_f32_scales
+    else:
+        xm = wm = gm = "per_tensor"
+        fwd, bwd = E4M3, (E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3)
+        pow2 = r.use_power_2_scales
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    y = jnp.matmul(_q(x2, xm, fwd, pow2, "rowwise"), _q(w, wm, fwd, pow2, "columnwise"), precision=HI)
+    y = y + (0 if b is None else b)
+    dx = jnp.matmul(_q(dy2, gm, bwd, pow2, "rowwise"), _q(w, wm, fwd, pow2, "rowwise").T, precision=HI)
+    dw = jnp.matmul(_q(x2, xm, fwd, pow2, "columnwise").T, _q(dy2, gm, bwd, pow2, "columnwise"), precision=HI)
+    return y.reshape(dy.shape), dx.reshape(x.shape), dw, dy2.sum(0)
+
+
+RECIPES = {
+    "current_hybrid": recipe.Float8CurrentScaling(),
+    "current_e4m3": recipe.Float8CurrentScaling(fp8_format=recipe.Format.E4M3),
+    "current_pow2": recipe.Float8CurrentScaling(use_power_2_scales=True),
+    "block": recipe.Float8BlockScaling(),
+    "block_f32": recipe.Float8BlockScaling(use_f32_scales=True),
+}
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_against_emulated_and_fp32(name, use_bias):
+    r = RECIPES[name]
+    x, w, b, dy = make(seed=1)
+    b = b if use_bias else None
+    f = lambda x, w, b: te_jax.dense(x, w, b, recipe=r)  # noqa: E731
+    y, vjp = jax.vjp(f, x, w, b)
+    dx, dw, db = vjp(dy)
+    ey, edx, edw, edb = emulated(x, w, b, dy, r)
+    assert rel(y, ey) <= 1e-5, rel(y, ey)
+    assert rel(dx, edx) <= 1e-5, rel(dx, edx)
+    assert rel(dw, edw) <= 1e-5, rel(dw, edw)
+    y_ref, vjp_ref = jax.vjp(ref_dense, x, w, b)
+    rdx, rdw, rdb = vjp_ref(dy)
+    assert rel(y, y_ref) <= 0.1 and rel(dx, rdx) <= 0.1 and rel(dw, rdw) <= 0.1
+    if use_bias:
+        assert rel(db, edb) <= 1e-5
+    else:
+        assert db is None
+
+
+@pytest.mark.parametrize(
+    "r", [None, RECIPES["current_hybrid"], RECIPES["block"]], ids=["hp", "current", "block"]
+)
+def test_jit_matches_eager(r):
+    x, w, b, _ = make(seed=2)
+
+    def loss(x, w, b):
+        return jnp.sum(te_jax.dense(x, w, b, recipe=r) ** 2)
+
+    g = jax.grad(loss, argnums=(0, 1, 2))
+    for a, c in zip(g(x, w, b), jax.jit(g)(x, w, b), strict=False):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-6, atol=1e-6)
+        assert float(jnp.abs(a).sum()) > 0
+
+
+def test_errors():
+    x, w, b, _ = make()
+    with pytest.raises(ValueError, match=r"x: expected shape \[\.\.\., 256\]"):
+        te_jax.dense(x[..., :100], w)
+    with pytest.raises(ValueError, match=r"kernel: expected shape \[K, N\]"):
+        te_jax.dense(x, w[None])
+    with pytest.raises(ValueError, match=r"bias: expected shape \(128,\)"):
+        te_jax.dense(x, w, b[:5])
+    with pytest.raises(TypeError, match="kernel.dtype: expected x's dtype float32"):
+        te_jax.dense(x, w.astype(jnp.bfloat16))
+    with pytest.raises(TypeError, match="x.dtype: expected one of"):
+        te_jax.dense(x.astype(jnp.int32), w)
+    with pytest.raises(NotImplementedError, match="DelayedScaling is not supported by te_jax.dense yet"):
+        te_jax.dense(x, w, recipe=recipe.DelayedScaling())
+    with pytest.raises(ValueError, match="recipe_state: expected None with Float8CurrentScaling"):
+        te_jax.dense(x, w, recipe=recipe.Float8CurrentScaling(), recipe_state={"scale": 1.0})
+    with pytest.raises(TypeError, match="recipe: expected None or a te_jax.recipe recipe"):
+        te_jax.dense(x, w, recipe="fp8")
+    with pytest.raises(NotImplementedError, match="MXFP8BlockScaling is not supported"):
+        te_jax.dense(x, w, recipe=recipe.MXFP8BlockScaling())
