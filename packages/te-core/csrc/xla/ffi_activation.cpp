@@ -84,73 +84,33 @@ ffi::Error dbias_quantize(te_device device, void* stream, Buf x, Buf /*scale_in*
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
 
-// (xla::ffi::Binding is move-only through its builder chain, so each binder is one chain.)
 template <typename Binding>
 auto bind_act_fwd(Binding binding) {
-  return std::move(binding)
-      .template Arg<Buf>()   // x
-      .template Arg<Buf>()   // scale or [0]
-      .template Arg<Buf>()   // amax or [0]
-      .template Ret<Buf>()   // rowwise_data
-      .template Ret<Buf>()   // rowwise_scale_inv
-      .template Ret<Buf>()   // columnwise_data
-      .template Ret<Buf>()   // columnwise_scale_inv
-      .template Ret<Buf>()   // amax
-      .template Ret<Buf>()   // scale
-      .template Attr<int32_t>("activation")
-      .template Attr<bool>("quantized")
-      .template Attr<int32_t>("scaling_mode")
-      .template Attr<bool>("rowwise")
-      .template Attr<bool>("columnwise")
-      .template Attr<bool>("compute_scale")
-      .template Attr<bool>("force_pow2_scales")
-      .template Attr<float>("amax_epsilon");
+  // Operands: x, scale or [0], amax or [0].
+  return attr_quantization(ret_quantized_parts(std::move(binding).template Arg<Buf>().template Arg<Buf>().template Arg<Buf>())
+                               .template Attr<int32_t>("activation")
+                               .template Attr<bool>("quantized"));
 }
 
 template <typename Binding>
 auto bind_act_bwd(Binding binding) {
-  return std::move(binding)
-      .template Arg<Buf>()   // grad
-      .template Arg<Buf>()   // x
-      .template Arg<Buf>()   // scale or [0]
-      .template Arg<Buf>()   // amax or [0]
-      .template Ret<Buf>()   // rowwise_data
-      .template Ret<Buf>()   // rowwise_scale_inv
-      .template Ret<Buf>()   // columnwise_data
-      .template Ret<Buf>()   // columnwise_scale_inv
-      .template Ret<Buf>()   // amax
-      .template Ret<Buf>()   // scale
-      .template Ret<Buf>()   // dbias or [0]
-      .template Attr<int32_t>("activation")
-      .template Attr<bool>("quantized")
-      .template Attr<int32_t>("scaling_mode")
-      .template Attr<bool>("rowwise")
-      .template Attr<bool>("columnwise")
-      .template Attr<bool>("compute_scale")
-      .template Attr<bool>("force_pow2_scales")
-      .template Attr<float>("amax_epsilon")
+  // Operands: grad, x, scale or [0], amax or [0]; results: the quantized parts, then dbias or [0].
+  return attr_quantization(
+             ret_quantized_parts(std::move(binding)
+                                     .template Arg<Buf>()
+                                     .template Arg<Buf>()
+                                     .template Arg<Buf>()
+                                     .template Arg<Buf>())
+                 .template Ret<Buf>()
+                 .template Attr<int32_t>("activation")
+                 .template Attr<bool>("quantized"))
       .template Attr<bool>("has_dbias");
 }
 
 template <typename Binding>
 auto bind_dbias_quantize(Binding binding) {
-  return std::move(binding)
-      .template Arg<Buf>()   // x
-      .template Arg<Buf>()   // scale or [0]
-      .template Arg<Buf>()   // amax or [0]
-      .template Ret<Buf>()   // rowwise_data
-      .template Ret<Buf>()   // rowwise_scale_inv
-      .template Ret<Buf>()   // columnwise_data
-      .template Ret<Buf>()   // columnwise_scale_inv
-      .template Ret<Buf>()   // amax
-      .template Ret<Buf>()   // scale
-      .template Ret<Buf>()   // dbias
-      .template Attr<int32_t>("scaling_mode")
-      .template Attr<bool>("rowwise")
-      .template Attr<bool>("columnwise")
-      .template Attr<bool>("compute_scale")
-      .template Attr<bool>("force_pow2_scales")
-      .template Attr<float>("amax_epsilon");
+  // Operands: x, scale or [0], amax or [0]; results: the quantized parts, then dbias.
+  return attr_quantization(ret_quantized_parts(std::move(binding).template Arg<Buf>().template Arg<Buf>().template Arg<Buf>()).template Ret<Buf>());
 }
 
 }  // namespace

@@ -122,6 +122,33 @@ ffi::Error describe_output(const te_device& device, bool quantized, int32_t scal
                            ffi::Result<ffi::AnyBuffer>& amax, ffi::Result<ffi::AnyBuffer>& scale,
                            te_quantized_tensor* out);
 
+// Builder pieces every quantizing op shares. An xla::ffi binding cannot be moved into a local, so
+// each piece takes the chain so far as a temporary and returns it extended.
+// The six results of a quantized output, in te_core._ops.QUANTIZE_OUTPUTS order.
+template <typename Binding>
+auto ret_quantized_parts(Binding binding) {
+  using Buf = ffi::AnyBuffer;
+  return std::move(binding)
+      .template Ret<Buf>()   // rowwise_data
+      .template Ret<Buf>()   // rowwise_scale_inv
+      .template Ret<Buf>()   // columnwise_data
+      .template Ret<Buf>()   // columnwise_scale_inv
+      .template Ret<Buf>()   // amax
+      .template Ret<Buf>();  // scale
+}
+
+// How to quantize (te_quant_config and the scaling mode), as attributes.
+template <typename Binding>
+auto attr_quantization(Binding binding) {
+  return std::move(binding)
+      .template Attr<int32_t>("scaling_mode")
+      .template Attr<bool>("rowwise")
+      .template Attr<bool>("columnwise")
+      .template Attr<bool>("compute_scale")
+      .template Attr<bool>("force_pow2_scales")
+      .template Attr<float>("amax_epsilon");
+}
+
 }  // namespace te::xla_ffi
 
 // The handler symbols, defined in the ffi_*.cpp files beside this one and exported as PyCapsules

@@ -119,30 +119,20 @@ ffi::Error norm_bwd(te_device device, void* stream, Buf dz, Buf x, Buf mu, Buf r
 
 template <typename Binding>
 auto bind_norm_fwd(Binding binding) {
-  return std::move(binding)
-      .template Arg<Buf>()   // x
-      .template Arg<Buf>()   // gamma
-      .template Arg<Buf>()   // beta or [0]
-      .template Arg<Buf>()   // scale (delayed) or [0]
-      .template Arg<Buf>()   // amax (delayed) or [0]
-      .template Ret<Buf>()   // rowwise_data (y)
-      .template Ret<Buf>()   // rowwise_scale_inv
-      .template Ret<Buf>()   // columnwise_data
-      .template Ret<Buf>()   // columnwise_scale_inv
-      .template Ret<Buf>()   // amax
-      .template Ret<Buf>()   // scale
-      .template Ret<Buf>()   // mu or [0]
-      .template Ret<Buf>()   // rsigma
-      .template Attr<int32_t>("norm_type")
-      .template Attr<float>("eps")
-      .template Attr<bool>("zero_centered_gamma")
-      .template Attr<bool>("quantized")
-      .template Attr<int32_t>("scaling_mode")
-      .template Attr<bool>("rowwise")
-      .template Attr<bool>("columnwise")
-      .template Attr<bool>("compute_scale")
-      .template Attr<bool>("force_pow2_scales")
-      .template Attr<float>("amax_epsilon");
+  // Operands: x, gamma, beta or [0], scale (delayed) or [0], amax (delayed) or [0]; results: the
+  // quantized parts (y), then mu or [0] and rsigma.
+  return attr_quantization(ret_quantized_parts(std::move(binding)
+                                                   .template Arg<Buf>()
+                                                   .template Arg<Buf>()
+                                                   .template Arg<Buf>()
+                                                   .template Arg<Buf>()
+                                                   .template Arg<Buf>())
+                               .template Ret<Buf>()
+                               .template Ret<Buf>()
+                               .template Attr<int32_t>("norm_type")
+                               .template Attr<float>("eps")
+                               .template Attr<bool>("zero_centered_gamma")
+                               .template Attr<bool>("quantized"));
 }
 
 template <typename Binding>

@@ -28,18 +28,10 @@ ffi::Error quantize(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf
                     float amax_epsilon) {
   te_tensor input;
   TE_FFI_RETURN_IF_ERROR(describe(x, device, true, "x", &input));
-  te_quantized_tensor q = te_quantized_tensor_init(scaling_mode);
-  const bool stats = scaling_mode == TE_SCALING_PER_TENSOR;
-  TE_FFI_RETURN_IF_ERROR(
-      describe(rowwise_data, device, rowwise, "rowwise_data", &q.rowwise_data));
-  TE_FFI_RETURN_IF_ERROR(describe(rowwise_scale_inv, device, rowwise, "rowwise_scale_inv",
-                                  &q.rowwise_scale_inv));
-  TE_FFI_RETURN_IF_ERROR(
-      describe(columnwise_data, device, columnwise, "columnwise_data", &q.columnwise_data));
-  TE_FFI_RETURN_IF_ERROR(describe(columnwise_scale_inv, device, columnwise,
-                                  "columnwise_scale_inv", &q.columnwise_scale_inv));
-  TE_FFI_RETURN_IF_ERROR(describe(amax, device, stats, "amax", &q.amax));
-  TE_FFI_RETURN_IF_ERROR(describe(scale, device, stats, "scale", &q.scale));
+  te_quantized_tensor q;
+  TE_FFI_RETURN_IF_ERROR(describe_output(device, true, scaling_mode, rowwise, columnwise,
+                                         rowwise_data, rowwise_scale_inv, columnwise_data,
+                                         columnwise_scale_inv, amax, scale, &q));
   te_quant_config config = te_quant_config_init();
   config.compute_scale = compute_scale;
   config.force_pow2_scales = force_pow2_scales;
@@ -50,22 +42,9 @@ ffi::Error quantize(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf
 
 template <typename Binding>
 auto bind_quantize(Binding binding) {
-  return std::move(binding)
-      .template Arg<Buf>()   // x
-      .template Arg<Buf>()   // scale (delayed) or [0]
-      .template Arg<Buf>()   // amax (delayed) or [0]
-      .template Ret<Buf>()   // rowwise_data
-      .template Ret<Buf>()   // rowwise_scale_inv
-      .template Ret<Buf>()   // columnwise_data
-      .template Ret<Buf>()   // columnwise_scale_inv
-      .template Ret<Buf>()   // amax
-      .template Ret<Buf>()   // scale
-      .template Attr<int32_t>("scaling_mode")
-      .template Attr<bool>("rowwise")
-      .template Attr<bool>("columnwise")
-      .template Attr<bool>("compute_scale")
-      .template Attr<bool>("force_pow2_scales")
-      .template Attr<float>("amax_epsilon");
+  // Operands: x, scale (delayed) or [0], amax (delayed) or [0]. (A binding cannot be held in a
+  // local: each piece takes the chain so far as a temporary.)
+  return attr_quantization(ret_quantized_parts(std::move(binding).template Arg<Buf>().template Arg<Buf>().template Arg<Buf>()));
 }
 
 }  // namespace
