@@ -216,6 +216,23 @@ def test_fuse_wgrad_accumulation_into_main_grad(name):
     assert rel(m.weight.main_grad, emulate(r, x, m.weight.detach(), None, dy, fs, bs)[2]) <= 1e-5
 
 
+def test_fuse_wgrad_accumulation_outside_autocast_goes_to_main_grad():
+    torch.manual_seed(6)
+    m = te.Linear(32, 16, fuse_wgrad_accumulation=True, device="cpu")
+    m.weight.main_grad = torch.full((16, 32), 0.5)
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    dy = torch.randn(3, 5, 16)
+    m(x).backward(dy)
+    assert m.weight.grad is None  # the gradient went into main_grad, as inside autocast
+    dw = dy.reshape(-1, 16).t() @ x.detach().reshape(-1, 32)
+    assert rel(m.weight.main_grad, 0.5 + dw) <= 1e-6
+    assert rel(x.grad, dy @ m.weight.detach()) <= 1e-6
+    assert rel(m.bias.grad, dy.reshape(-1, 16).sum(0)) <= 1e-6
+    m.weight.overwrite_main_grad = True
+    m(x).backward(dy)
+    assert rel(m.weight.main_grad, dw) <= 1e-6
+
+
 def test_bad_inputs_say_what_to_do():
     m = te.Linear(64, 32, device="cpu")
     with pytest.raises(ValueError, match=r"in_features=64, got shape \(4, 63\); reshape"):

@@ -26,6 +26,37 @@ from te_torch._recipe_state import DelayedState, recipe_key
 
 __all__ = ["Linear"]
 
+
+class _MainGradLinear(torch.autograd.Function):
+    """High-precision y = x W^T + b whose weight gradient goes into ``weight.main_grad`` (fp32,
+    accumulated unless ``weight.overwrite_main_grad``) instead of ``weight.grad``, as TE does
+    for ``fuse_wgrad_accumulation`` outside FP8 too."""
+
+    @staticmethod
+    def forward(ctx, inp, weight, bias):
+        w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
+        ctx.save_for_backward(inp, w)
+        ctx.weight = weight
+        ctx.has_bias = bias is not None
+        return F.linear(inp, w, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        inp, w = ctx.saved_tensors
+        weight = ctx.weight
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = dy2.t().float() @ inp.reshape(-1, inp.shape[-1]).float()
+        if getattr(weight, "overwrite_main_grad", False):
+            weight.main_grad.copy_(dw)
+        else:
+            weight.main_grad.add_(dw)
+        if hasattr(weight, "grad_added_to_main_grad"):
+            weight.grad_added_to_main_grad = True
+        dx = dy @ w if ctx.needs_input_grad[0] else None
+        db = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, None, db
+
+
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 _STATE = _autocast.STATE
 _UNSUPPORTED = (
@@ -194,12 +225,13 @@ class Linear(torch.nn.Module):
         else:
             if s.calibrating:
                 self._calibrate(inp, weight, s)
-            w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
             if gemm_bias is not None and gemm_bias.dtype != inp.dtype:
                 gemm_bias = gemm_bias.to(inp.dtype)
-            out = F.linear(inp, w, gemm_bias)
-            # TODO(te): fuse_wgrad_accumulation for the high-precision path (TE accumulates
-            # into main_grad there too); today the gradient lands in weight.grad.
+            if self.fuse_wgrad_accumulation and weight.requires_grad and torch.is_grad_enabled():
+                out = _MainGradLinear.apply(inp, weight, gemm_bias)
+            else:
+                w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
+                out = F.linear(inp, w, gemm_bias)
         return (out, bias) if self.return_bias else out
 
     def _bad_input(self, inp) -> None:
