@@ -11,7 +11,6 @@ Absent parts are None here; the registered ops turn them into empty tensors.
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 from te_core import _C
@@ -25,12 +24,15 @@ _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
 _Tensor = _C.Tensor
 _QuantizedTensor = _C.QuantizedTensor
 _GemmConfig = _C.GemmConfig
-_gemm = _C.gemm
+_gemm_flat = _C.gemm_flat
+_quantize_flat = _C.quantize_flat
+_dequantize_flat = _C.dequantize_flat
 _empty = torch.empty
 _GELU_AUX = int(_C.Epilogue.GELU_AUX)
 _DGELU = int(_C.Epilogue.DGELU)
 _BGRAD = int(_C.Epilogue.BGRAD)
-_local = threading.local()  # per-thread caches (gemm configs carry per-call descriptors)
+_gemm_configs: dict = {}  # gemm_config()'s cache (configs are never mutated once built)
+_quantize_shapes: dict = {}  # (source shape, mode) -> output part shapes; see _part_shapes()
 
 try:  # the raw cudaStream_t of the current stream, without building a torch.cuda.Stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -51,6 +53,28 @@ def desc(t: torch.Tensor | None, dtype: int | None = None) -> _C.Tensor | None:
     return _Tensor(t.data_ptr(), dtype, t.shape)
 
 
+def spec(t: torch.Tensor | None) -> tuple | None:
+    """A te_tensor as the *_flat entry points take it: (ptr, dtype, shape, device), device -1 for
+    the CPU, else the CUDA ordinal; None stays None (absent). Builds no descriptor object."""
+    if t is None:
+        return None
+    return (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, t.get_device())
+
+
+def _part_shapes(shape: torch.Size, mode: int) -> tuple:
+    """(rowwise_scale_inv, columnwise_data, columnwise_scale_inv) shapes of quantizing a source of
+    ``shape`` (te_quantized_shape, via the op table on a miss), cached per (shape, mode)."""
+    key = (shape, mode)
+    parts = _quantize_shapes.get(key)
+    if parts is None:
+        specs = quantize_outputs(tuple(shape), mode, 0, True, True, False)  # raises if invalid
+        parts = (specs[1].shape, specs[2].shape, specs[3].shape)
+        if len(_quantize_shapes) >= 4096:
+            _quantize_shapes.clear()
+        _quantize_shapes[key] = parts
+    return parts
+
+
 def stream_of(t: torch.Tensor) -> int:
     """The current CUDA stream of ``t``'s device as an int (0 for CPU tensors)."""
     return _raw_stream(t.get_device()) if t.is_cuda else 0
@@ -68,6 +92,7 @@ def quantize(
     amax_desc: _C.Tensor | None = None,
     scale_desc: _C.Tensor | None = None,
     out: tuple | None = None,
+    share_scale_inv: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Quantizes ``x`` ([..., K], fp32/bf16/fp16) and returns
     (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv), None where absent.
@@ -80,45 +105,57 @@ def quantize(
     cached descriptors of ``amax``/``scale`` (quantizers keep them, saving two per call).
     ``out``: existing (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)
     to quantize into in place (None parts are not written); they are returned.
+    ``share_scale_inv`` (per-tensor mode, both copies): one fp32 [1] scale_inv serves both copies
+    and is returned twice (saves an allocation; not for the registered op, whose outputs must not
+    alias).
     """
     if not x.is_contiguous():
         x = x.contiguous()
     x_te = TE_DTYPE.get(x.dtype)
     if x_te is None:
         x_te = te_dtype(x.dtype, "x")  # raises TypeError naming x
-    fp8_te = TE_DTYPE[fp8_dtype]
-    shape = x.shape
-    if x.is_cuda:
-        device = x.device
-        dev_type, dev_index = _CUDA, device.index
-        stream = _raw_stream(dev_index)
-    else:
-        device, dev_type, dev_index, stream = _CPU, 0, 0, 0
-    if amax is not None and amax_desc is None:
-        amax_desc = desc(amax)
-    if scale is not None and scale_desc is None:
-        scale_desc = desc(scale)
-    x_d = _Tensor(x.data_ptr(), x_te, shape, dev_type, dev_index)
     if out is not None:
+        if amax is not None and amax_desc is None:
+            amax_desc = desc(amax)
+        if scale is not None and scale_desc is None:
+            scale_desc = desc(scale)
         rd, rs, cd, cs = out
         q = _QuantizedTensor(mode, desc(rd), desc(rs), desc(cd), desc(cs), amax_desc, scale_desc)
-        _C.quantize(x_d, q, config, stream)
+        _C.quantize(desc(x, x_te), q, config, stream_of(x))
         return out
-    specs = quantize_outputs(tuple(shape), mode, fp8_te, rowwise, columnwise, False)
+    shape = x.shape
+    dev = x.get_device()
+    if dev >= 0:
+        device = x.device
+        stream = _raw_stream(dev)
+    else:
+        device, stream = _CPU, 0
+    rs_shape, cd_shape, cs_shape = _part_shapes(shape, mode)
     rd = rs = cd = cs = None
-    rd_d = rs_d = cd_d = cs_d = None
+    rd_ptr = rs_ptr = cd_ptr = cs_ptr = 0
     if rowwise:
         rd = torch.empty_like(x, dtype=fp8_dtype)  # x is contiguous; cheaper than empty(shape)
-        rs = _empty(specs[1].shape, dtype=torch.float32, device=device)
-        rd_d = _Tensor(rd.data_ptr(), fp8_te, shape, dev_type, dev_index)
-        rs_d = _Tensor(rs.data_ptr(), 0, specs[1].shape, dev_type, dev_index)
+        rs = _empty(rs_shape, dtype=torch.float32, device=device)
+        rd_ptr, rs_ptr = rd.data_ptr(), rs.data_ptr()
+    else:
+        rs_shape = None
     if columnwise:
-        cd = _empty(specs[2].shape, dtype=fp8_dtype, device=device)
-        cs = _empty(specs[3].shape, dtype=torch.float32, device=device)
-        cd_d = _Tensor(cd.data_ptr(), fp8_te, specs[2].shape, dev_type, dev_index)
-        cs_d = _Tensor(cs.data_ptr(), 0, specs[3].shape, dev_type, dev_index)
-    q = _QuantizedTensor(mode, rd_d, rs_d, cd_d, cs_d, amax_desc, scale_desc)
-    _C.quantize(x_d, q, config, stream)
+        cd = _empty(cd_shape, dtype=fp8_dtype, device=device)
+        if share_scale_inv and rowwise and mode == _PER_TENSOR:
+            cs, cs_ptr = rs, rs_ptr
+        else:
+            cs = _empty(cs_shape, dtype=torch.float32, device=device)
+            cs_ptr = cs.data_ptr()
+        cd_ptr = cd.data_ptr()
+    else:
+        cd_shape = cs_shape = None
+    _quantize_flat(
+        x.data_ptr(), x_te, shape, dev, mode, TE_DTYPE[fp8_dtype],
+        rd_ptr, rs_ptr, rs_shape, cd_ptr, cd_shape, cs_ptr, cs_shape,
+        amax_desc if amax_desc is not None else spec(amax),
+        scale_desc if scale_desc is not None else spec(scale),
+        config, stream,
+    )  # fmt: skip
     return rd, rs, cd, cs
 
 
@@ -136,14 +173,16 @@ def dequantize(
     Reads the row-wise copy if given, else the column-wise one ([K, M], transposed back)."""
     src = rowwise_data if rowwise_data is not None else columnwise_data
     out = _empty(shape, dtype=dtype, device=src.device)
-    q = _QuantizedTensor(
+    dev = out.get_device()
+    _dequantize_flat(
         mode,
-        desc(rowwise_data),
-        desc(rowwise_scale_inv),
-        desc(columnwise_data),
-        desc(columnwise_scale_inv),
+        spec(rowwise_data),
+        spec(rowwise_scale_inv),
+        spec(columnwise_data),
+        spec(columnwise_scale_inv),
+        (out.data_ptr(), TE_DTYPE[out.dtype], out.shape, dev),
+        _raw_stream(dev) if dev >= 0 else 0,
     )
-    _C.dequantize(q, desc(out), stream_of(out))
     return out
 
 
@@ -167,15 +206,10 @@ Operand = tuple
 def gemm_config(
     trans_a: bool, trans_b: bool, accumulate: bool, epilogue: int, has_bias: bool, split: int
 ) -> _C.GemmConfig:
-    """This thread's cached te_gemm_config for one kind of call.
-
-    gemm() writes the per-call epilogue descriptors (bias, aux, bias_grad) into it before each
-    call, so the cache is per thread; every other field is fixed by the key. ``has_bias`` is in
-    the key because an epilogue that takes an optional bias (GELU_AUX) must see it absent."""
-    try:
-        cache = _local.gemm_configs
-    except AttributeError:
-        cache = _local.gemm_configs = {}
+    """The cached te_gemm_config for one kind of call (never mutated: gemm() passes the per-call
+    epilogue tensors bias, aux, bias_grad to _C.gemm_flat beside it, which uses only the config's
+    scalar fields). ``has_bias`` stays in the key for callers that set the config's bias."""
+    cache = _gemm_configs
     key = (trans_a, trans_b, accumulate, epilogue, has_bias, split)
     config = cache.get(key)
     if config is None:
@@ -209,32 +243,43 @@ def gemm(
     ``split``: use_split_accumulator, -1 for te's default. Tensors must be contiguous.
     """
     src = a[1] if a[1] is not None else a[3]
-    if src.is_cuda:
-        dev_type, dev_index = _CUDA, src.device.index
-        stream = _raw_stream(dev_index)
-    else:
-        dev_type, dev_index, stream = 0, 0, 0
+    dev = src.get_device()
+    stream = _raw_stream(dev) if dev >= 0 else 0
     if out is None:
         out = _empty(out_shape, dtype=out_dtype, device=src.device)
     d_te = TE_DTYPE.get(out.dtype)
     if d_te is None:
         d_te = te_dtype(out.dtype, "out_dtype")  # raises TypeError
     config = gemm_config(trans_a, trans_b, accumulate, epilogue, bias is not None, split)
-    aux = bias_grad = None
-    if bias is not None:
-        config.bias = desc(bias)
+    aux = bias_grad = aux_s = bias_grad_s = None
     if epilogue == _GELU_AUX:
         aux = _empty(out_shape, dtype=out.dtype, device=src.device)
-        config.aux = _Tensor(aux.data_ptr(), d_te, out_shape, dev_type, dev_index)
+        aux_s = (aux.data_ptr(), d_te, out_shape, dev)
     elif epilogue == _DGELU:
-        config.aux = desc(gelu_input)
+        aux_s = spec(gelu_input)
     elif epilogue == _BGRAD:
         bias_grad = _empty((math.prod(out_shape[:-1]),), dtype=out.dtype, device=src.device)
-        config.bias_grad = desc(bias_grad)
-    mode, rd, rs, cd, cs = a
-    a_q = _QuantizedTensor(mode, desc(rd), desc(rs), desc(cd), desc(cs))
-    mode, rd, rs, cd, cs = b
-    b_q = _QuantizedTensor(mode, desc(rd), desc(rs), desc(cd), desc(cs))
-    d_q = _QuantizedTensor(_PER_TENSOR, _Tensor(out.data_ptr(), d_te, out.shape, dev_type, dev_index))
-    _gemm(a_q, b_q, d_q, config, stream)
+        bias_grad_s = spec(bias_grad)
+    # The operands' parts as (ptr, dtype, shape, device) tuples, inline: no call per part.
+    T = TE_DTYPE
+    a_mode, ard, ars, acd, acs = a
+    b_mode, brd, brs, bcd, bcs = b
+    _gemm_flat(
+        a_mode,
+        None if ard is None else (ard.data_ptr(), T[ard.dtype], ard.shape, ard.get_device()),
+        None if ars is None else (ars.data_ptr(), T[ars.dtype], ars.shape, ars.get_device()),
+        None if acd is None else (acd.data_ptr(), T[acd.dtype], acd.shape, acd.get_device()),
+        None if acs is None else (acs.data_ptr(), T[acs.dtype], acs.shape, acs.get_device()),
+        b_mode,
+        None if brd is None else (brd.data_ptr(), T[brd.dtype], brd.shape, brd.get_device()),
+        None if brs is None else (brs.data_ptr(), T[brs.dtype], brs.shape, brs.get_device()),
+        None if bcd is None else (bcd.data_ptr(), T[bcd.dtype], bcd.shape, bcd.get_device()),
+        None if bcs is None else (bcs.data_ptr(), T[bcs.dtype], bcs.shape, bcs.get_device()),
+        (out.data_ptr(), d_te, out.shape, out.get_device()),
+        config,
+        None if bias is None else (bias.data_ptr(), T[bias.dtype], bias.shape, bias.get_device()),
+        aux_s,
+        bias_grad_s,
+        stream,
+    )
     return out, aux, bias_grad

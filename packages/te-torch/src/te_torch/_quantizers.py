@@ -149,6 +149,7 @@ class _PerTensorQuantizer(Quantizer):
                 self._amax_desc.get(self.amax),
                 self._scale_desc.get(self.scale),
                 out,
+                True,  # one scale_inv for both copies: only one is kept below
             )
         else:
             rd, rs, cd, cs = torch.ops.te.quantize(
