@@ -3,7 +3,16 @@ run says so in a banner rather than passing quietly."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+# Shared helpers beside the tests (_jax_devices.py); --import-mode=importlib does not add this
+# folder to sys.path by itself.
+_here = os.path.dirname(os.path.abspath(__file__))
+if _here not in sys.path:
+    sys.path.insert(0, _here)
 
 _skipped: list[str] = []
 

@@ -21,19 +21,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import te_jax  # noqa: E402
+from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU  # noqa: E402
 from te_jax import recipe  # noqa: E402
 
-
-def _gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
-GPU = _gpu()
-CPU = jax.devices("cpu")[0]
-pytestmark = pytest.mark.skipif(GPU is None, reason="no GPU visible to jax (jax.devices('gpu') failed)")
+pytestmark = SKIP_WITHOUT_GPU
 
 
 def rel(a, b):

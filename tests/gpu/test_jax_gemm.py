@@ -23,29 +23,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import te_jax  # noqa: E402
-from te_core import _C  # noqa: E402
+from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU  # noqa: E402
 
-
-def _gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
-GPU = _gpu()
-pytestmark = [
-    pytest.mark.skipif(
-        GPU is None,
-        reason="no GPU visible to jax (jax.devices('gpu') failed): "
-        "needs an NVIDIA GPU and jax with its CUDA plugin (jax[cuda12])",
-    ),
-    pytest.mark.skipif(
-        not _C.BUILT_WITH_CUDA,
-        reason="te-core was built without CUDA kernels (TE_CUDA_ARCHS empty); rebuild with TE_CUDA_ARCHS=90a",
-    ),
-]
-CPU = jax.devices("cpu")[0]
+pytestmark = SKIP_WITHOUT_GPU
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16

@@ -13,29 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import te_jax
-from te_core import _C
+from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU
 
-
-def _gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
-GPU = _gpu()
-pytestmark = [
-    pytest.mark.skipif(
-        GPU is None,
-        reason="no GPU visible to jax (jax.devices('gpu') failed): "
-        "needs an NVIDIA GPU and jax with its CUDA plugin (jax[cuda12])",
-    ),
-    pytest.mark.skipif(
-        not _C.BUILT_WITH_CUDA,
-        reason="te-core was built without CUDA kernels (TE_CUDA_ARCHS empty); rebuild with TE_CUDA_ARCHS=90a",
-    ),
-]
-CPU = jax.devices("cpu")[0]
+pytestmark = SKIP_WITHOUT_GPU
 
 SHAPES = [(1, 1), (7, 13), (1000, 3), (4, 5, 6), (129, 257), (256, 384), (2, 130, 129)]
 
