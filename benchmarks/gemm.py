@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 
 import te_core._C as C
 import torch
 import torch.nn.functional as F
-
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
 
 CUDA = int(C.DeviceType.CUDA)
 MODE = C.ScalingMode

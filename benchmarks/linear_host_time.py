@@ -1,6 +1,6 @@
 """Time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
-dominates): te (FP8 current scaling) against torch.nn.Linear, and te's high-precision GEMM against
-F.linear. On a GPU (default when there is one) each step ends with a synchronize, so the figure is
+dominates): te.Linear under each FP8 recipe against torch.nn.Linear, and te's high-precision GEMM
+against F.linear. On a GPU (default when there is one) each step ends with a synchronize, so the figure is
 host overhead plus a short kernel time for both; on the CPU it is te's reference backend.
 Median microseconds over ``--iters`` steps; prints, asserts nothing; ``--json`` writes the rows.
 
@@ -9,16 +9,12 @@ Median microseconds over ``--iters`` steps; prints, asserts nothing; ``--json`` 
 
 import argparse
 import json
-import os
 import statistics
 import time
 
 import te_torch as te
 import torch
 import torch.nn.functional as F
-
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
 
 
 def median_us(fn, iters: int, sync) -> float:
@@ -54,24 +50,33 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    r = te.recipe.Float8CurrentScaling()
-
     def torch_step():
         ref(x).backward(dy)
 
-    def te_fp8_step():
-        with te.autocast(recipe=r):
-            y = m(x)
-        y.backward(dy)
+    def te_fp8(recipe):
+        def step():
+            with te.autocast(recipe=recipe):
+                y = m(x)
+            y.backward(dy)
+
+        return step
 
     def te_hp_step():
         m(x).backward(dy)
 
     w = m.weight.detach()
     xd = x.detach()
+    recipes = {
+        "delayed": te.recipe.DelayedScaling(),
+        "current": te.recipe.Float8CurrentScaling(),
+        "block": te.recipe.Float8BlockScaling(),
+    }
     rows = [
         ("torch nn.Linear fwd+bwd", median_us(torch_step, a.iters, sync)),
-        ("te.Linear fp8 current scaling fwd+bwd", median_us(te_fp8_step, a.iters, sync)),
+        *(
+            (f"te.Linear fp8 {name} scaling fwd+bwd", median_us(te_fp8(r), a.iters, sync))
+            for name, r in recipes.items()
+        ),
         ("te.Linear outside autocast fwd+bwd", median_us(te_hp_step, a.iters, sync)),
         ("F.linear fp32 (forward GEMM only)", median_us(lambda: F.linear(xd, w), a.iters, sync)),
         (

@@ -7,29 +7,32 @@ Outputs are poisoned (NaN / 0xAB) before each run. Tolerances (NUMERICS.md "How 
 normwise relative error ||gpu - cpu||_F / ||cpu||_F:
   fp32 output, fp32 operands            <= 1e-5 (different summation order only)
   fp32 output, bf16/fp16 operands       <= 1e-5 (products exact in fp32; summation order only)
-  fp32 output, FP8 operands             <= 1e-4 (Hopper's FP8 tensor cores accumulate a few
-                                        k-steps below fp32 before promoting) / 2e-3 (fast accum.)
+  fp32 output, FP8 operands             <= 4e-4 with split accumulation, 2e-3 with fast
+                                        accumulation. Hopper's FP8 tensor cores add the products
+                                        inside each MMA with fewer mantissa bits than fp32 (about
+                                        14) before promoting to fp32: measured 1.0-1.35e-4 on the
+                                        H200 at every K from 96 to 4096, per-tensor and block
+                                        scaling alike, so this is the hardware's rounding, not a
+                                        scale or layout error (those give errors near 1).
   bf16/fp16 output                      <= 1e-2
   FP8 output                            within one FP8 ulp on >= 99.9% of elements; scale_inv
-                                        bit-exact; amax within 1e-4 relative
+                                        bit-exact; amax within 4e-4 relative
 Only collected where torch and a GPU exist (tests/gpu/conftest.py skips everything otherwise).
 """
 
 # ruff: noqa: B023
 from __future__ import annotations
 
-import os
+import logging
 import zlib
 
 import pytest
 from te_core import _C
 
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
 D, M, P, E = _C.DType, _C.ScalingMode, _C.Part, _C.Epilogue
 CUDA = int(_C.DeviceType.CUDA)
 POISON_BYTE = 0xAB
+FP8_SPLIT_TOL = 4e-4  # see the top of this file
 
 FPROP, DGRAD, WGRAD = (False, True), (False, False), (True, False)  # (trans_a, trans_b)
 LAYOUTS = {"fprop": FPROP, "dgrad": DGRAD, "wgrad": WGRAD, "tt": (True, True)}
@@ -224,7 +227,7 @@ def tol_for(out_dtype, operand_kind, fast_accum=False):
     if out_dtype in (torch.bfloat16, torch.float16):
         return 1e-2
     if operand_kind == "fp8":
-        return 2e-3 if fast_accum else 1e-4
+        return 2e-3 if fast_accum else FP8_SPLIT_TOL
     return 1e-5
 
 
@@ -302,6 +305,30 @@ def test_forward_epilogues(epilogue, dtype, bias_kind):
         assert_close(gpu["aux"], cpu["aux"], tol_for(od, "hp"), f"{epilogue} aux")
 
 
+def test_te_epilogue_fallback_matches_and_logs_once(caplog):
+    """cuBLASLt has no fused kernel for an fp32 bias on an fp16 product with an aux whose leading
+    dimension (N = 13) is not a multiple of 8: te computes the plain product and runs its own
+    epilogue, with the reference's numbers, and says so once at INFO on the "te" logger (the key
+    is this combination of dtypes, epilogue and N % 8, which no other test here uses)."""
+    torch = _torch()
+    m, n, k = 70, 13, 48
+    a, b = sources(m, n, k, *FPROP, ("fallback",), "float16")
+    A, B = hp_operand(a), hp_operand(b)
+    extras = {
+        "bias": randn((n,), ("fallback-bias",), "float32"),
+        "aux": torch.full((m, n), float("nan"), dtype=torch.float16),
+    }
+    kw = dict(trans_b=True, epilogue=int(E.GELU_AUX))
+    cpu = run("cpu", A, B, m, n, torch.float16, extras=extras, **kw)
+    with caplog.at_level(logging.INFO, logger="te"):
+        gpus = [run("cuda", A, B, m, n, torch.float16, extras=extras, **kw) for _ in range(2)]
+    for gpu in gpus:
+        assert_close(gpu["d"], cpu["d"], 1e-2, "fallback d")
+        assert_close(gpu["aux"], cpu["aux"], 1e-2, "fallback aux")
+    said = [r for r in caplog.records if r.name == "te" and "no fused kernel" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in said]
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_dgelu(dtype):
     torch = _torch()
@@ -369,7 +396,7 @@ def test_fp8_output(shape, out_fmt):
     gpu = run("cuda", A, B, m, n, None, fp8_out=out_fmt, **kw)
     assert_fp8_close(gpu["d"], cpu["d"], f"fp8 out {out_fmt}")
     assert gpu["scale_inv"].item() == cpu["scale_inv"].item() == _torch().tensor(1 / fp8_out_scale).item()
-    assert abs(gpu["amax"].item() - cpu["amax"].item()) <= 1e-4 * cpu["amax"].item()
+    assert abs(gpu["amax"].item() - cpu["amax"].item()) <= FP8_SPLIT_TOL * cpu["amax"].item()
 
 
 def test_fp8_bias_bf16():

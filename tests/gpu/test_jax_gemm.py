@@ -4,7 +4,7 @@ Operands are made once on the CPU (FP8 ones with te_jax.quantize there) and copi
 to the GPU, so both backends read identical inputs. Tolerances as tests/gpu/test_gemm.py
 (normwise relative error ||gpu - cpu||_F / ||cpu||_F):
   fp32 output, fp32/bf16/fp16 operands   <= 1e-5 (summation order only)
-  fp32 output, FP8 operands              <= 1e-4 (split accumulation) / 2e-3 (fast accumulation)
+  fp32 output, FP8 operands              <= 4e-4 (split accumulation; tests/gpu/test_gemm.py says why) / 2e-3 (fast accumulation)
   bf16/fp16 output                       <= 1e-2
 Skipped, with the reason, where jax sees no GPU or te-core was built without CUDA. Run on the GPU
 machine: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/gpu/test_jax_gemm.py
@@ -12,18 +12,12 @@ machine: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/gpu/te
 
 from __future__ import annotations
 
-import os
-
-# te-core 0.1 runs CUDA GEMMs only on request while their GPU verification is incomplete
-# (csrc/cuda/gemm.cu); set before te-core reads it.
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import te_jax  # noqa: E402
-from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import te_jax
+from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU
 
 pytestmark = SKIP_WITHOUT_GPU
 
@@ -51,7 +45,7 @@ def _randn(shape, dtype=F32, seed=0):
 def _on(device, fn, *args):
     """fn jitted on `device`, its (pytree) arguments copied there first."""
     args = jax.device_put(args, device)
-    out = jax.jit(fn)(*args)
+    out = jax.block_until_ready(jax.jit(fn)(*args))  # a te error surfaces here, not later
     leaves = jax.tree_util.tree_leaves(out)
     assert all(leaf.devices() == {device} for leaf in leaves)
     return out
@@ -98,7 +92,7 @@ def test_fp8_per_tensor(shape, layout, out, split):
     m, n, k = shape
     ta, tb = LAYOUTS[layout]
     qx, qw = _quantize_for(*_sources(m, n, k, ta, tb, seed=3), ta, tb, *FP8_CASES[layout])
-    tol = 1e-2 if out != F32 else (1e-4 if split else 2e-3)
+    tol = 1e-2 if out != F32 else (4e-4 if split else 2e-3)
 
     def fn(qx, qw):
         return te_jax.gemm(qx, qw, out_dtype=out, trans_a=ta, trans_b=tb, use_split_accumulator=split)
@@ -126,7 +120,7 @@ def test_fp8_block(shape, case, out):
         lambda qx, qw: te_jax.gemm(qx, qw, out_dtype=out, trans_a=ta, trans_b=tb),
         qx,
         qw,
-        tol=1e-4 if out == F32 else 1e-2,
+        tol=4e-4 if out == F32 else 1e-2,
     )
 
 
@@ -148,7 +142,7 @@ def test_epilogues_fp8():
     x, w = _sources(64, 128, 96, False, True, seed=16)
     qx, qw = _quantize_for(x, w, False, True, E4M3, E4M3)
     b = _randn((128,), seed=17)
-    _compare(lambda qx, qw, b: te_jax.gemm(qx, qw, bias=b, out_dtype=F32), qx, qw, b, tol=1e-4)
+    _compare(lambda qx, qw, b: te_jax.gemm(qx, qw, bias=b, out_dtype=F32), qx, qw, b, tol=4e-4)
     _compare(lambda qx, qw, b: te_jax.gemm(qx, qw, bias=b, gelu=True, out_dtype=BF16), qx, qw, b, tol=1e-2)
     dy, xs = _randn((64, 128), seed=18), _randn((64, 96), seed=19)
     with jax.default_device(CPU):
@@ -158,7 +152,7 @@ def test_epilogues_fp8():
         lambda a, b: te_jax.gemm(a, b, trans_a=True, trans_b=False, bias_grad=True, out_dtype=F32),
         qdy,
         qxs,
-        tol=1e-4,
+        tol=4e-4,
     )
 
 

@@ -3,18 +3,13 @@ backend (the reference), on identical operands: each quantized tensor is made on
 and its parts copied to the GPU byte for byte.
 
 Tolerances, normwise relative error against the CPU result (as tests/gpu/test_gemm.py):
-fp32 output 1e-5 from high-precision operands, 1e-4 from FP8 (split accumulation), 2e-3 (fast
+fp32 output 1e-5 from high-precision operands, 4e-4 from FP8 (split accumulation; tests/gpu/test_gemm.py says why), 2e-3 (fast
 accumulation); bf16/fp16 output 1e-2. Only runs where a GPU is (tests/gpu/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
-
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch")
 te = pytest.importorskip("te_torch")
@@ -93,7 +88,7 @@ def test_fp8_cuda_matches_cpu(out_dtype, kinds, x_shape, n):
     grad_dtype = E5M2 if act == "per_tensor" else E4M3
     xq, wq, dyq = quantizer(act)(x), quantizer(wt)(w), quantizer(act, grad_dtype)(dy)
     fp32 = out_dtype == torch.float32
-    accurate, fast = (1e-4, 2e-3) if fp32 else (1e-2, 1e-2)
+    accurate, fast = (4e-4, 2e-3) if fp32 else (1e-2, 1e-2)
     kw = {"out_dtype": out_dtype}
     check(te.functional.gemm, (xq, wq), {**kw, "use_split_accumulator": False}, fast)
     check(te.functional.gemm, (xq, wq), {**kw, "use_split_accumulator": True}, accurate)

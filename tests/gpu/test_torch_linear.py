@@ -1,20 +1,19 @@
 """te.Linear under te.autocast on CUDA against the same module on the CPU backend (the reference):
 identical parameters and inputs, each recipe, fp32 and bf16, 2-D and 3-D inputs, two steps so
 delayed scaling runs on updated scales. Quantization is bit-exact between backends, so the
-delayed-scaling state must match exactly; GEMM results are compared normwise (as
-tests/gpu/test_torch_gemm.py): fp32 output 1e-4 with split accumulation, 2e-3 with fast
-accumulation (fprop of the per-tensor recipes), bf16 output 1e-2.
+delayed-scaling state must match exactly; GEMM results are compared normwise: fp32 output 1e-3
+with split accumulation, 5e-3 with fast accumulation (fprop of the per-tensor recipes), bf16
+output 1e-2. Looser than tests/gpu/test_gemm.py's single GEMMs (4e-4 / 2e-3; Hopper's FP8 tensor
+cores round inside each MMA): measured up to 4.7e-4 / 2.1e-3 here on the H200, where y also
+carries the bias and the 3-D case reduces over 384 features; a scale or layout error would be
+near 1.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified.
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch")
 te = pytest.importorskip("te_torch")
@@ -62,7 +61,7 @@ def test_linear_cuda_matches_cpu(name, dtype, shape):
         got = step(gpu, x.to(CUDA), dy.to(CUDA), r)
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert a.is_cuda and a.dtype == b.dtype and a.shape == b.shape
-            tol = 1e-2 if dtype == torch.bfloat16 else (2e-3 if i == 0 and fast_fprop else 1e-4)
+            tol = 1e-2 if dtype == torch.bfloat16 else (5e-3 if i == 0 and fast_fprop else 1e-3)
             assert relerr(a, b) <= tol, (i, relerr(a, b))
     if r.delayed():
         for sg, sc in ((gpu._fwd_state, cpu._fwd_state), (gpu._bwd_state, cpu._bwd_state)):
@@ -84,7 +83,7 @@ def test_main_grad_accumulation_cuda_matches_cpu():
         step(cpu, x, dy, r)
         step(gpu, x.to(CUDA), dy.to(CUDA), r)
     assert gpu.weight.grad is None
-    assert relerr(gpu.weight.main_grad, cpu.weight.main_grad) <= 1e-4
+    assert relerr(gpu.weight.main_grad, cpu.weight.main_grad) <= 4e-4
 
 
 def test_default_device_and_recipe_on_gpu():

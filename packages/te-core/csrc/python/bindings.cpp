@@ -18,6 +18,19 @@ namespace py = pybind11;
 
 namespace te::python {
 
+// te/log.h handler: te-core logs once per kind of event, from whatever thread runs the call (GIL
+// released there, or an XLA thread), so the GIL is taken here; after interpreter shutdown the
+// message is dropped.
+void forward_log(int32_t level, const char* message, void*) {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("logging").attr("getLogger")("te").attr("log")(level, message);
+  } catch (const py::error_already_set&) {
+    PyErr_Clear();
+  }
+}
+
 void check(te_status status) {
   if (status == TE_SUCCESS) return;
   const std::string message = te_last_error();
@@ -585,6 +598,10 @@ PYBIND11_MODULE(_C, m) {
       "tuple, device -1: CPU). config: a GemmConfig whose scalar fields are used (its "
       "bias/aux/bias_grad are replaced by the arguments), or None for the defaults.");
   m.def("last_error", &te_last_error);
+  m.def(
+      "forward_log_to_python",
+      [] { te_set_log_handler(&forward_log, nullptr); },
+      "Sends te-core's log messages (te/log.h) to Python's logging, logger 'te'.");
   m.def("cuda_device_count", [] {
     int32_t count = 0;
     check(te_cuda_device_count(&count));

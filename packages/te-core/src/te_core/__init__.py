@@ -4,7 +4,8 @@
 ``te_core.recipe`` holds the framework-free scaling recipes both te_torch and te_jax use.
 Importing te_core needs no GPU and no CUDA library: the CUDA runtime is linked statically into
 libte_core.so, the NVIDIA driver is opened when a CUDA tensor is first used, and cuBLASLt when the
-first CUDA GEMM runs (located with cuda-pathfinder where it is installed).
+first CUDA GEMM runs (located with cuda-pathfinder where it is installed). te-core's rare log
+messages (a slower fallback taken, once per kind) go to Python's ``logging``, logger ``"te"``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from te_core import recipe as recipe
 from te_core._version import __version__ as __version__
 
 
-def _locate_cuda_libraries() -> None:
+def _connect_library() -> None:
     try:
         from te_core import _C
     except ImportError:  # a source tree without the compiled module (docs): nothing to locate
         return
+    _C.forward_log_to_python()
     if _C.BUILT_WITH_CUDA:
         from te_core._cuda_libs import export_cublaslt_path
 
         export_cublaslt_path()
 
 
-_locate_cuda_libraries()
+_connect_library()
 
 __all__ = ["__version__", "recipe", "library_path", "cuda_available"]
 

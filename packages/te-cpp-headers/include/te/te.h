@@ -4,6 +4,7 @@
 #define TE_TE_H_
 
 #include "te/status.h"
+#include "te/log.h"
 #include "te/tensor.h"
 #include "te/device.h"
 #include "te/quantize.h"

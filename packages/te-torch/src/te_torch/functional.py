@@ -34,8 +34,7 @@ Common keyword arguments:
         is fast accumulation; None is te's default (True).
 
 te's own checks (shapes, dtypes, copies, devices) raise ValueError with te_gemm's message, which
-names its operands: ``a`` is the first argument, ``b`` the second. CUDA GEMMs in te-core 0.1 run
-only with TE_EXPERIMENTAL_CUDA_GEMM=1 set (NotImplementedError otherwise).
+names its operands: ``a`` is the first argument, ``b`` the second.
 
 These functions are not differentiable: they raise if grad mode is on and an input requires
 grad. te's modules call them from their autograd Functions. Eager calls go straight into
