@@ -10,7 +10,8 @@ Problems: 8192^3, and the three GEMMs of a Linear layer with 16384 tokens, 4096-
 and fused epilogues on the 4096->16384 fprop / wgrad shapes:
   bias_gelu    te BF16 with GELU_AUX + bias vs torch matmul + bias + gelu(tanh), unfused
   accumulate   te BF16 wgrad with beta = 1 into an fp32 main_grad vs torch matmul then add_
-CUDA events after warm-up, median of --iters runs; te descriptors are built once outside timing.
+CUDA events after warm-up, te and its peer timed alternately, median of --iters runs; te
+descriptors are built once outside timing.
 --json PATH writes every figure.
 """
 
@@ -48,19 +49,29 @@ def stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def time_ms(fn, iters: int, warmup: int = 5) -> float:
+def _event_ms(fn) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def pair_ms(te_fn, peer_fn, iters: int, warmup: int = 5) -> tuple[float, float | None]:
+    """Medians of te_fn and peer_fn (None: te only), timed alternately so that clock and thermal
+    drift over the run affect both alike."""
     for _ in range(warmup):
-        fn()
+        te_fn()
+        if peer_fn is not None:
+            peer_fn()
     torch.cuda.synchronize()
-    times = []
+    te_t, peer_t = [], []
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        te_t.append(_event_ms(te_fn))
+        if peer_fn is not None:
+            peer_t.append(_event_ms(peer_fn))
+    return statistics.median(te_t), (statistics.median(peer_t) if peer_t else None)
 
 
 E4M3 = int(C.DType.FLOAT8_E4M3)
@@ -195,9 +206,10 @@ def main() -> int:
         d = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
         # BF16
         cfg = C.GemmConfig(trans_a=ta, trans_b=tb, workspace=desc(ws, int(C.DType.UINT8)))
-        te_ms = time_ms(te_call(hp(a), hp(b), hp(d), cfg), args.iters)
         oa, ob = op(a, ta), op(b, tb)
-        peer = time_ms(lambda oa=oa, ob=ob: torch.matmul(oa, ob), args.iters)
+        te_ms, peer = pair_ms(
+            te_call(hp(a), hp(b), hp(d), cfg), lambda oa=oa, ob=ob: torch.matmul(oa, ob), args.iters
+        )
         row(results, name, "bf16", flops, te_ms, peer)
         # FP8 per-tensor
         qa, ka = te_fp8(a)
@@ -206,12 +218,12 @@ def main() -> int:
         cfg8 = C.GemmConfig(
             trans_a=ta, trans_b=tb, use_split_accumulator=split, workspace=desc(ws, int(C.DType.UINT8))
         )
-        te_ms = time_ms(te_call(qa, qb, hp(d), cfg8), args.iters)
         try:
-            peer = time_ms(scaled_mm_per_tensor(a, b, ta, tb), args.iters)
-            row(results, name, "fp8", flops, te_ms, peer)
+            peer_fn, note = scaled_mm_per_tensor(a, b, ta, tb), ""
         except Exception as e:  # noqa: BLE001
-            row(results, name, "fp8", flops, te_ms, None, f"torch._scaled_mm: {type(e).__name__}")
+            peer_fn, note = None, f"torch._scaled_mm: {type(e).__name__}"
+        te_ms, peer = pair_ms(te_call(qa, qb, hp(d), cfg8), peer_fn, args.iters)
+        row(results, name, "fp8", flops, te_ms, peer, note)
         del qa, qb, ka, kb
         # FP8 block: weights 128x128 in fprop/dgrad (B), 1x128 otherwise
         b_2d = "wgrad" not in name
@@ -219,20 +231,13 @@ def main() -> int:
             qa, ka = te_fp8(a, MODE.BLOCK_1D)
             qb, kb = te_fp8(b, MODE.BLOCK_2D if b_2d else MODE.BLOCK_1D)
             cfgb = C.GemmConfig(trans_a=ta, trans_b=tb, workspace=desc(ws, int(C.DType.UINT8)))
-            te_ms = time_ms(te_call(qa, qb, hp(d), cfgb), args.iters)
             try:
-                peer = time_ms(scaled_mm_block(a, b, ta, tb, b_2d), args.iters)
-                row(results, name, "fp8_block", flops, te_ms, peer)
+                peer_fn, note = scaled_mm_block(a, b, ta, tb, b_2d), ""
             except Exception as e:  # noqa: BLE001
-                row(
-                    results,
-                    name,
-                    "fp8_block",
-                    flops,
-                    te_ms,
-                    None,
-                    f"torch._scaled_mm block scales unsupported: {type(e).__name__}: {str(e)[:60]}",
-                )
+                peer_fn = None
+                note = f"torch._scaled_mm block scales unsupported: {type(e).__name__}: {str(e)[:60]}"
+            te_ms, peer = pair_ms(te_call(qa, qb, hp(d), cfgb), peer_fn, args.iters)
+            row(results, name, "fp8_block", flops, te_ms, peer, note)
             del qa, qb, ka, kb
         except Exception as e:  # noqa: BLE001
             print(f"{name:22s} fp8_block   te failed: {e}", flush=True)
@@ -254,20 +259,22 @@ def main() -> int:
         aux=desc(aux),
         workspace=desc(ws, int(C.DType.UINT8)),
     )
-    te_ms = time_ms(te_call(hp(x), hp(w), hp(y), cfg), args.iters)
 
     def torch_bias_gelu():
         pre = torch.matmul(x, w.t()) + bias
         return F.gelu(pre, approximate="tanh"), pre
 
-    peer = time_ms(torch_bias_gelu, args.iters)
+    te_ms, peer = pair_ms(te_call(hp(x), hp(w), hp(y), cfg), torch_bias_gelu, args.iters)
     row(results, f"{fin}->{fout} fprop", "bias_gelu", 2.0 * t * fout * fin, te_ms, peer)
     del y, aux
     dy = torch.randn((t, fout), device="cuda", dtype=torch.bfloat16)
     main_grad = torch.zeros((fout, fin), device="cuda", dtype=torch.float32)
     cfg = C.GemmConfig(trans_a=True, beta=1.0, workspace=desc(ws, int(C.DType.UINT8)))
-    te_ms = time_ms(te_call(hp(dy), hp(x), hp(main_grad), cfg), args.iters)
-    peer = time_ms(lambda: main_grad.add_(torch.matmul(dy.t(), x)), args.iters)
+    te_ms, peer = pair_ms(
+        te_call(hp(dy), hp(x), hp(main_grad), cfg),
+        lambda: main_grad.add_(torch.matmul(dy.t(), x)),
+        args.iters,
+    )
     row(results, f"{fin}->{fout} wgrad", "accumulate", 2.0 * t * fout * fin, te_ms, peer)
 
     if args.json:

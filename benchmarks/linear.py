@@ -7,7 +7,7 @@ run). Rows, measured in the same run:
   te.Linear under te.autocast with DelayedScaling, Float8CurrentScaling, Float8BlockScaling
   torchao float8 tensorwise and rowwise, with torch.compile (where torchao imports)
 End to end as a user sees it: CUDA events around the Python calls (host overhead included), after
-warm-up, median of --iters steps. --json PATH writes every figure.
+warm-up, the rows timed in turn each iteration, median of --iters steps. --json PATH writes every figure.
 """
 
 from __future__ import annotations
@@ -25,19 +25,28 @@ TOKENS = 16384
 SHAPES = [(4096, 4096), (4096, 16384)]
 
 
-def time_ms(step, iters: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        step()
+def round_robin_ms(steps: dict, iters: int, warmup: int = 10) -> dict:
+    """Median ms of each step (a failing step: its exception), the steps timed in turn each
+    iteration so that clock and thermal drift affect all rows alike."""
+    out, live = {}, {}
+    for name, step in steps.items():
+        try:
+            for _ in range(warmup):
+                step()
+            live[name] = []
+        except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
+            out[name] = e
     torch.cuda.synchronize()
-    times = []
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        for name, times in live.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            steps[name]()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    out.update({name: statistics.median(times) for name, times in live.items()})
+    return {name: out[name] for name in steps}
 
 
 def fwd_bwd(module, x, dy, recipe=None):
@@ -99,14 +108,12 @@ def main() -> int:
         steps = {"torch nn.Linear BF16": fwd_bwd(ref, x, dy), "te.Linear BF16": fwd_bwd(mine, x, dy)}
         steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items()})
         steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
-        base = None
         print(f"\nLinear {k} -> {n}, fwd+bwd")
-        for name, step in steps.items():
-            try:
-                ms = time_ms(step, a.iters)
-            except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
-                print(f"  {name:34s} FAILED: {type(e).__name__}: {str(e)[:200]}")
-                results.append({"shape": [TOKENS, k, n], "name": name, "error": str(e)[:500]})
+        base = None
+        for name, ms in round_robin_ms(steps, a.iters).items():
+            if isinstance(ms, Exception):
+                print(f"  {name:34s} FAILED: {type(ms).__name__}: {str(ms)[:200]}")
+                results.append({"shape": [TOKENS, k, n], "name": name, "error": str(ms)[:500]})
                 continue
             base = ms if base is None else base
             print(f"  {name:34s} {ms:8.3f} ms   {base / ms:5.2f}x torch BF16")

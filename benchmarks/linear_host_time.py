@@ -8,7 +8,9 @@ Median microseconds over ``--iters`` steps; prints, asserts nothing; ``--json`` 
 """
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 
@@ -38,13 +40,21 @@ def main() -> None:
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--profile",
+        default=None,
+        choices=["delayed", "current", "block"],
+        help="also print cProfile's top entries for te's step under this recipe",
+    )
     a = p.parse_args()
+    dtype = getattr(torch, a.dtype)
     torch.manual_seed(0)
     dev = torch.device(a.device)
-    x = torch.randn(a.m, a.k, requires_grad=True, device=dev)
-    dy = torch.randn(a.m, a.n, device=dev)
-    ref = torch.nn.Linear(a.k, a.n, device=dev)
-    m = te.Linear(a.k, a.n, device=dev)
+    x = torch.randn(a.m, a.k, requires_grad=True, device=dev, dtype=dtype)
+    dy = torch.randn(a.m, a.n, device=dev, dtype=dtype)
+    ref = torch.nn.Linear(a.k, a.n, device=dev, dtype=dtype)
+    m = te.Linear(a.k, a.n, device=dev, params_dtype=dtype)
 
     def sync():
         if dev.type == "cuda":
@@ -84,12 +94,28 @@ def main() -> None:
             median_us(lambda: te.functional.gemm(xd, w), a.iters, sync),
         ),
     ]
-    print(f"{a.device}, {torch.get_num_threads()} CPU threads, {a.m}x{a.k} -> {a.n}, median of {a.iters}")
+    print(
+        f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}, "
+        f"median of {a.iters}"
+    )
     for name, us in rows:
         print(f"  {name:45s} {us:10.1f} us   ({us / rows[0][1]:.2f}x torch fwd+bwd)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": a.device, "shape": [a.m, a.k, a.n], "rows": dict(rows)}, f, indent=2)
+            json.dump(
+                {"device": a.device, "dtype": a.dtype, "shape": [a.m, a.k, a.n], "rows": dict(rows)},
+                f,
+                indent=2,
+            )
+    if a.profile:
+        step = te_fp8(recipes[a.profile])
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.iters):
+            step()
+            sync()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":
