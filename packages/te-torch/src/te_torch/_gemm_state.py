@@ -15,6 +15,8 @@ Every quantized GEMM of a module (Linear's one, LayerNormMLP's fc1 and fc2) owns
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from te_core.recipe import Format
 
@@ -151,6 +153,13 @@ class GemmState:
         self.fwd: DelayedState | None = None
         self.bwd: DelayedState | None = None
         self.owner = owner
+
+    def __deepcopy__(self, memo) -> GemmState:
+        """A copy with its own delayed-scaling buffers; the FP8Context (quantizers viewing the
+        original's buffers, the weight cache) is rebuilt on the copy's next quantized call."""
+        new = GemmState(self.owner)
+        new.fwd, new.bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
+        return new
 
     def context(self, recipe, group, device: torch.device) -> FP8Context:
         """The FP8Context for ``recipe`` (rebuilt when the recipe object or device changes)."""
