@@ -237,10 +237,12 @@ def test_delayed_state_round_trips_through_weights_only_load():
     assert rel(seq(x), m(x)) <= 1e-6
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_fullgraph_current_scaling_matches_eager(backend):
+@pytest.mark.parametrize(
+    ("name", "backend"), [("current", "aot_eager"), ("current", "inductor"), ("block", "aot_eager")]
+)
+def test_compile_fullgraph_matches_eager(name, backend):
     torch._dynamo.reset()
-    r = recipe.Float8CurrentScaling()
+    r = RECIPES[name]()
     m = make(128, 96, "RMSNorm" if backend == "inductor" else "LayerNorm")
 
     def step(x):

@@ -328,9 +328,10 @@ def test_extra_state_has_one_entry_per_gemm_and_round_trips():
         fresh.set_extra_state({"fc3": {}})
 
 
-def test_compile_fullgraph_current_scaling_matches_eager():
+@pytest.mark.parametrize("name", ["current", "block"])
+def test_compile_fullgraph_matches_eager(name):
     torch._dynamo.reset()
-    r = recipe.Float8CurrentScaling()
+    r = RECIPES[name]()
     m = make("swiglu")
 
     def step(x):
