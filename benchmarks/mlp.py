@@ -137,8 +137,8 @@ def main() -> int:
         variants = [("torch", lambda act=act: (TorchMLP(h, f, act), None))]
         if not args.no_compile:
             variants.append(("torch_compile", lambda act=act: (torch.compile(TorchMLP(h, f, act)), None)))
-        variants.append(("te_bf16", lambda: (te_mlp(), None)))
-        variants += [(name, lambda rcp=rcp: (te_mlp(), rcp())) for name, rcp in RECIPES.items()]
+        variants.append(("te_bf16", lambda mk=te_mlp: (mk(), None)))
+        variants += [(name, lambda mk=te_mlp, rcp=rcp: (mk(), rcp())) for name, rcp in RECIPES.items()]
         ref_ms = None
         for name, build in variants:
             row = {"activation": act, "variant": name, "tokens": t, "hidden": h, "ffn": f}
