@@ -1,7 +1,8 @@
 """Direct calls into te_core._C for the fused ops: norms, activations, dbias + quantize.
 
 The companions of _kernels.py (same rules: eager code calls these directly, the torch.library
-ops in _ops.py call them from their CPU/CUDA kernels; the C layer validates). Each op writes its
+ops in _ops.py call them from their CPU/CUDA kernels; the C layer validates; every tensor goes
+to the *_flat entry points as a (ptr, dtype, shape, device) tuple, no descriptor objects). Each op writes its
 main output either in high precision or quantized exactly as te_quantize would quantize the fp32
 result (te/normalization.h, te/activation.h), so a norm or activation hands the next GEMM its
 FP8 operand (row-wise and column-wise copies) without another pass.
@@ -20,10 +21,9 @@ import torch
 from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE, te_dtype
-from te_torch._kernels import desc, part_shapes, stream_of
+from te_torch._kernels import part_shapes, spec, stream_of
 
 _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
-_QuantizedTensor = _C.QuantizedTensor
 _empty = torch.empty
 
 
@@ -60,13 +60,14 @@ def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _output(shape, device: torch.device, q: QuantSpec | None, out_dtype: torch.dtype):
-    """Allocates a fused op's main output of source ``shape``: returns (parts, descriptor)."""
+    """Allocates a fused op's main output of source ``shape``: returns (parts, args), args the
+    output's (mode, rd, rs, cd, cs, amax, scale) as the *_flat entry points take them."""
     if q is None:
         rd = _empty(shape, dtype=out_dtype, device=device)
         d_te = TE_DTYPE.get(out_dtype)
         if d_te is None:
             te_dtype(out_dtype, "out_dtype")  # raises TypeError
-        return (rd, None, None, None), _QuantizedTensor(_PER_TENSOR, desc(rd, d_te))
+        return (rd, None, None, None), (_PER_TENSOR, spec(rd), None, None, None, None, None)
     rs_shape, cd_shape, cs_shape = part_shapes(torch.Size(shape), q.mode)
     rd = rs = cd = cs = None
     if q.rowwise:
@@ -75,15 +76,13 @@ def _output(shape, device: torch.device, q: QuantSpec | None, out_dtype: torch.d
     if q.columnwise:
         cd = _empty(cd_shape, dtype=q.fp8_dtype, device=device)
         # Per-tensor copies share one scale_inv (as _kernels.quantize's share_scale_inv).
-        cs = (
-            rs
-            if (rs is not None and q.mode == _PER_TENSOR)
-            else _empty(cs_shape, dtype=torch.float32, device=device)
-        )
-    amax_d = q.amax_desc if q.amax_desc is not None else desc(q.amax)
-    scale_d = q.scale_desc if q.scale_desc is not None else desc(q.scale)
-    out = _QuantizedTensor(q.mode, desc(rd), desc(rs), desc(cd), desc(cs), amax_d, scale_d)
-    return (rd, rs, cd, cs), out
+        if rs is not None and q.mode == _PER_TENSOR:
+            cs = rs
+        else:
+            cs = _empty(cs_shape, dtype=torch.float32, device=device)
+    amax = q.amax_desc if q.amax_desc is not None else spec(q.amax)
+    scale = q.scale_desc if q.scale_desc is not None else spec(q.scale)
+    return (rd, rs, cd, cs), (q.mode, spec(rd), spec(rs), spec(cd), spec(cs), amax, scale)
 
 
 def norm_fwd(
@@ -107,15 +106,11 @@ def norm_fwd(
     parts, out = _output(x.shape, device, q, out_dtype)
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     rsigma = _empty((rows,), dtype=torch.float32, device=device)
-    cfg = norm_config(eps, zero_centered_gamma)
-    qcfg = None if q is None else q.config
-    stream = stream_of(x)
-    if rms:
-        mu = None
-        _C.rmsnorm_fwd(desc(x), desc(gamma), out, desc(rsigma), cfg, qcfg, stream)
-    else:
-        mu = _empty((rows,), dtype=torch.float32, device=device)
-        _C.layernorm_fwd(desc(x), desc(gamma), desc(beta), out, desc(mu), desc(rsigma), cfg, qcfg, stream)
+    mu = None if rms else _empty((rows,), dtype=torch.float32, device=device)
+    _C.norm_fwd_flat(
+        rms, spec(x), spec(gamma), spec(beta), *out, spec(mu), spec(rsigma),
+        norm_config(eps, zero_centered_gamma), None if q is None else q.config, stream_of(x),
+    )  # fmt: skip
     return (*parts, mu, rsigma)
 
 
@@ -136,30 +131,14 @@ def norm_bwd(
     dz, x, gamma, add = _contiguous(dz), _contiguous(x), _contiguous(gamma), _contiguous(add)
     dx = _empty(x.shape, dtype=x.dtype, device=x.device)
     dgamma = _empty(gamma.shape, dtype=gamma.dtype, device=gamma.device)
-    cfg = norm_config(1e-5, zero_centered_gamma)  # the backward reads only zero_centered_gamma
-    stream = stream_of(x)
-    if rms:
-        dbeta = None
-        if add is None:
-            _C.rmsnorm_bwd(desc(dz), desc(x), desc(rsigma), desc(gamma), desc(dx), desc(dgamma), cfg, stream)
-        else:
-            _C.rmsnorm_bwd_add(
-                desc(dz), desc(x), desc(add), desc(rsigma), desc(gamma), desc(dx), desc(dgamma), cfg, stream
-            )
-    else:
-        dbeta = _empty(gamma.shape, dtype=gamma.dtype, device=gamma.device) if with_dbeta else None
-        _C.layernorm_bwd(
-            desc(dz),
-            desc(x),
-            desc(mu),
-            desc(rsigma),
-            desc(gamma),
-            desc(dx),
-            desc(dgamma),
-            desc(dbeta),
-            cfg,
-            stream,
-        )
+    dbeta = None
+    if with_dbeta and not rms:
+        dbeta = _empty(gamma.shape, dtype=gamma.dtype, device=gamma.device)
+    _C.norm_bwd_flat(
+        rms, spec(dz), spec(x), spec(mu), spec(rsigma), spec(gamma), spec(dx), spec(dgamma),
+        spec(dbeta), spec(add), norm_config(1e-5, zero_centered_gamma), stream_of(x),
+    )  # fmt: skip
+    # (the backward reads only zero_centered_gamma from the config)
     return dx, dgamma, dbeta
 
 
@@ -173,7 +152,7 @@ def activation_fwd(x: torch.Tensor, kind: int, q: QuantSpec | None, out_dtype: t
     Returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)."""
     x = _contiguous(x)
     parts, out = _output(activation_out_shape(x.shape, kind), x.device, q, out_dtype)
-    _C.activation_fwd(desc(x), out, kind, None if q is None else q.config, stream_of(x))
+    _C.activation_fwd_flat(spec(x), kind, *out, None if q is None else q.config, stream_of(x))
     return parts
 
 
@@ -192,8 +171,8 @@ def activation_bwd(
     grad, x = _contiguous(grad), _contiguous(x)
     parts, out = _output(x.shape, x.device, q, out_dtype)
     dbias = None if dbias_dtype is None else _empty((x.shape[-1],), dtype=dbias_dtype, device=x.device)
-    _C.activation_bwd(
-        desc(grad), desc(x), out, desc(dbias), kind, None if q is None else q.config, stream_of(x)
+    _C.activation_bwd_flat(
+        spec(grad), spec(x), kind, *out, spec(dbias), None if q is None else q.config, stream_of(x)
     )
     return (*parts, dbias)
 
@@ -205,5 +184,5 @@ def dbias_quantize(x: torch.Tensor, q: QuantSpec, dbias_dtype: torch.dtype) -> t
     x = _contiguous(x)
     parts, out = _output(x.shape, x.device, q, x.dtype)
     dbias = _empty((x.shape[-1],), dtype=dbias_dtype, device=x.device)
-    _C.dbias_quantize(desc(x), out, desc(dbias), q.config, stream_of(x))
+    _C.dbias_quantize_flat(spec(x), *out, spec(dbias), q.config, stream_of(x))
     return (*parts, dbias)
