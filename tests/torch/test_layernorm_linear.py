@@ -290,3 +290,33 @@ def test_bad_arguments_say_what_is_expected():
         ),
     ):
         m(torch.randn(4, 64))
+
+
+def test_parameters_split_names_and_numbers():
+    m = make(64, 48, parameters_split=("query_", "key_", "value_"))
+    names = [n for n, _ in m.named_parameters()]
+    assert names == [
+        "layer_norm_weight",
+        "layer_norm_bias",
+        "query_weight",
+        "query_bias",
+        "key_weight",
+        "key_bias",
+        "value_weight",
+        "value_bias",
+    ]
+    w = torch.cat([m.query_weight, m.key_weight, m.value_weight]).detach()
+    b = torch.cat([m.query_bias, m.key_bias, m.value_bias]).detach()
+    x, dy = data((32, 64), 48, torch.float32, seed=9)
+    ln = te_norm32(x, m.layer_norm_weight.detach(), m.layer_norm_bias.detach(), False, m.eps, False)
+    assert rel(m(x), F.linear(ln, w, b)) <= 1e-6
+    r = recipe.Float8CurrentScaling()
+    xg = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = m(xg)
+    y.backward(dy)
+    qx, qw, qg = ref_quantizers(r)
+    assert rel(y, deq(qx, ln, True) @ deq(qw, w, True).T + b) <= 1e-5
+    assert m.key_weight.grad.shape == (16, 64) and m.value_bias.grad.shape == (16,)
+    dw = deq(qg, dy, False).T @ deq(qx, ln, False)
+    assert rel(torch.cat([m.query_weight.grad, m.key_weight.grad, m.value_weight.grad]), dw) <= 1e-5
