@@ -380,3 +380,21 @@ def test_bad_arguments_say_what_is_expected():
         pytest.raises(NotImplementedError, match="te.LayerNormMLP: NVFP4BlockScaling is not supported yet"),
     ):
         m(torch.randn(4, H))
+
+
+def test_calibration_records_each_gemm_input_and_weight():
+    """autocast(enabled=False, calibrating=True): high precision, while FC1 records the norm
+    output's and fc1_weight's amaxes and FC2 the activation output's and fc2_weight's; the
+    scales are fp8_max / amax after the region."""
+    m = make("srelu")
+    x, _ = data((32, H), torch.float32, seed=10)
+    r = recipe.DelayedScaling(amax_history_len=2)
+    with te.autocast(enabled=False, calibrating=True, recipe=r):
+        y = m(x)
+    assert torch.equal(y, m(x))  # not quantized
+    ln = te_norm32(x, m.layer_norm_weight.detach(), m.layer_norm_bias.detach(), False, m.eps, False)
+    act = te_act32(F.linear(ln, m.fc1_weight.detach(), m.fc1_bias.detach()), "srelu")
+    for state, inp, w in ((m._fc1, ln, m.fc1_weight), (m._fc2, act, m.fc2_weight)):
+        amax = torch.stack([inp.abs().max(), w.detach().abs().max()])
+        assert torch.allclose(state.fwd.amax_history[1, :2], amax, rtol=1e-6)  # rolled to row 1
+        assert torch.allclose(state.fwd.scale[:2], 448.0 / amax, rtol=1e-6)

@@ -18,6 +18,7 @@ from te_torch._layernorm_linear_fn import LayerNormLinearFn
 from te_torch._linear import linear_params, register_linear_params, reset_linear_params
 from te_torch._module_base import (
     FLOAT_DTYPES,
+    UNSUPPORTED_KWARGS,
     QuantizedModule,
     bad_input,
     check_eps,
@@ -80,7 +81,8 @@ class LayerNormLinear(QuantizedModule):
     ) -> None:
         super().__init__()
         owner = "LayerNormLinear"
-        reject_kwargs(owner, {**kwargs, "return_layernorm_output_gathered": return_layernorm_output_gathered})
+        gathered = {"return_layernorm_output_gathered": return_layernorm_output_gathered}
+        reject_kwargs(owner, {**kwargs, **gathered}, (*UNSUPPORTED_KWARGS, *gathered))
         reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
         check_size(owner, "in_features", in_features)
         check_size(owner, "out_features", out_features)
@@ -105,7 +107,6 @@ class LayerNormLinear(QuantizedModule):
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
         self._gemm = GemmState("te.LayerNormLinear")
         self._gemms = {"gemm": self._gemm}
-        self._cfg = (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output)
         self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool = False) -> None:
@@ -170,7 +171,7 @@ class LayerNormLinear(QuantizedModule):
                 c,
                 is_first_microbatch,
                 self.fuse_wgrad_accumulation,
-                self._cfg,
+                (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output),
             )
             out, ln_out = res if self.return_layernorm_output else (res, None)
         else:

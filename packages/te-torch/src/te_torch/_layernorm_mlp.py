@@ -110,9 +110,8 @@ class LayerNormMLP(QuantizedModule):
     ) -> None:
         super().__init__()
         owner = "LayerNormMLP"
-        reject_kwargs(
-            owner, {**kwargs, "checkpoint": checkpoint}, accepted=(*UNSUPPORTED_KWARGS, "checkpoint")
-        )
+        accepted = (*UNSUPPORTED_KWARGS, "checkpoint", "return_layernorm_output_gathered")
+        reject_kwargs(owner, {**kwargs, "checkpoint": checkpoint}, accepted)
         reject_parallel(owner, sequence_parallel, tp_size, tp_group, set_parallel_mode)
         check_size(owner, "hidden_size", hidden_size)
         check_size(owner, "ffn_hidden_size", ffn_hidden_size)
@@ -145,7 +144,6 @@ class LayerNormMLP(QuantizedModule):
         self.fc2_bias = param(hidden_size) if bias else None
         self._fc1, self._fc2 = GemmState("te.LayerNormMLP"), GemmState("te.LayerNormMLP")
         self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
-        self._cfg = (self._rms, self.eps, self.zero_centered_gamma, self._kind, self.return_layernorm_output)
         self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool = False) -> None:
@@ -190,7 +188,18 @@ class LayerNormMLP(QuantizedModule):
                 _autocast.register_forward(c1.fwd_key, c1.recipe, c1.fwd)
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
             res = LayerNormMLPFn.apply(
-                inp, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, fuse, self._cfg
+                inp,
+                ln_w,
+                ln_b,
+                w1,
+                b1,
+                w2,
+                gemm_b2,
+                c1,
+                c2,
+                is_first_microbatch,
+                fuse,
+                (self._rms, self.eps, self.zero_centered_gamma, self._kind, self.return_layernorm_output),
             )
             out, ln_out = res if self.return_layernorm_output else (res, None)
         else:

@@ -25,7 +25,6 @@ UNSUPPORTED_KWARGS = (
     "symmetric_ar_type",
     "delay_wgrad_compute",
     "save_original_input",
-    "return_layernorm_output_gathered",
 )
 
 
