@@ -1,13 +1,14 @@
-"""The flat entry points te_core._C.quantize_flat / gemm_flat / dequantize_flat (plain ints and
-tuples, no descriptor objects; DESIGN.md "The hot path"): they compute what the descriptor
-functions compute, and every bad argument comes back as te's ValueError naming it (the C layer is
+"""The flat entry points te_core._C.quantize_flat / gemm_flat / dequantize_flat and the fused ops'
+norm_fwd_flat / norm_bwd_flat / activation_fwd_flat / activation_bwd_flat / dbias_quantize_flat
+(plain ints and tuples, no descriptor objects; DESIGN.md "The hot path"): they compute what the
+descriptor functions compute, and every bad argument comes back as te's ValueError naming it (the C layer is
 the validator) or, for a value of the wrong Python type, a TypeError naming the argument."""
 
 import re
 
 import numpy as np
 import pytest
-from _buffers import DATA_SENTINEL, f32, fp8_buffer, tensor
+from _buffers import DATA_SENTINEL, bits, f32, fp8_buffer, tensor
 from te_core import _C
 
 D = _C.DType
@@ -188,3 +189,187 @@ def test_dequantize_flat():
             _C.dequantize_flat, scaling_mode=0, rowwise_data=spec(data, E4M3),
             rowwise_scale_inv=spec(si), columnwise_data=None, columnwise_scale_inv=None,
             output=spec(out, I32))  # fmt: skip
+
+
+# ---- the fused ops' flat entry points -----------------------------------------------------------
+
+
+def norm_inputs():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 40)) * 2 + 0.5).astype(np.float32)
+    return (
+        x,
+        (rng.standard_normal(40) * 0.3 + 1).astype(np.float32),
+        rng.standard_normal(40).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_norm_flat_matches_descriptor_calls(rms):
+    """Forward with an FP8 (current scaling, both copies) output and the backward: the same bits
+    as te_layernorm_* / te_rmsnorm_* through descriptors."""
+    x, gamma, beta = norm_inputs()
+    beta = None if rms else beta
+    cfg, qcfg = _C.NormConfig(eps=1e-3, zero_centered_gamma=True), _C.QuantConfig(compute_scale=True)
+    flat = dict(
+        rd=fp8_buffer((6, 40)),
+        cd=fp8_buffer((40, 6)),
+        rs=f32(),
+        cs=f32(),
+        amax=f32(),
+        scale=f32(),
+        mu=f32(0, (6,)),
+        rsigma=f32(0, (6,)),
+    )
+    desc = {k: v.copy() for k, v in flat.items()}
+    _C.norm_fwd_flat(
+        rms, spec(x), spec(gamma), None if beta is None else spec(beta), 0,
+        spec(flat["rd"], E4M3), spec(flat["rs"]), spec(flat["cd"], E4M3), spec(flat["cs"]),
+        spec(flat["amax"]), spec(flat["scale"]), None if rms else spec(flat["mu"]), spec(flat["rsigma"]), cfg, qcfg,
+    )  # fmt: skip
+    out = _C.QuantizedTensor(
+        0, rowwise_data=tensor(desc["rd"], E4M3), rowwise_scale_inv=tensor(desc["rs"]),
+        columnwise_data=tensor(desc["cd"], E4M3), columnwise_scale_inv=tensor(desc["cs"]),
+        amax=tensor(desc["amax"]), scale=tensor(desc["scale"]),
+    )  # fmt: skip
+    if rms:
+        _C.rmsnorm_fwd(tensor(x), tensor(gamma), out, tensor(desc["rsigma"]), cfg, qcfg)
+    else:
+        _C.layernorm_fwd(
+            tensor(x), tensor(gamma), tensor(beta), out, tensor(desc["mu"]), tensor(desc["rsigma"]), cfg, qcfg
+        )
+    for k in flat:
+        assert (bits(flat[k]) == bits(desc[k])).all(), k
+    assert (flat["rd"] != DATA_SENTINEL).any() and (flat["cd"] != DATA_SENTINEL).any() and flat["amax"][0] > 0
+    dz = np.linspace(-1, 1, 240, dtype=np.float32).reshape(6, 40)
+    got = [f32(0, (6, 40)), f32(0, (40,)), f32(0, (40,))]
+    want = [a.copy() for a in got]
+    _C.norm_bwd_flat(
+        rms, spec(dz), spec(x), None if rms else spec(flat["mu"]), spec(flat["rsigma"]), spec(gamma),
+        spec(got[0]), spec(got[1]), None if rms else spec(got[2]), None, cfg,
+    )  # fmt: skip
+    if rms:
+        _C.rmsnorm_bwd(
+            tensor(dz),
+            tensor(x),
+            tensor(desc["rsigma"]),
+            tensor(gamma),
+            tensor(want[0]),
+            tensor(want[1]),
+            cfg,
+        )
+    else:
+        _C.layernorm_bwd(
+            tensor(dz),
+            tensor(x),
+            tensor(desc["mu"]),
+            tensor(desc["rsigma"]),
+            tensor(gamma),
+            tensor(want[0]),
+            tensor(want[1]),
+            tensor(want[2]),
+            cfg,
+        )
+    for g, w in zip(got, want, strict=True):
+        assert (bits(g) == bits(w)).all()
+    if rms:  # with add: te_rmsnorm_bwd_add, dx = the plain dx + add
+        add = np.full((6, 40), 0.25, np.float32)
+        _C.norm_bwd_flat(
+            True,
+            spec(dz),
+            spec(x),
+            None,
+            spec(flat["rsigma"]),
+            spec(gamma),
+            spec(got[0]),
+            spec(got[1]),
+            None,
+            spec(add),
+            cfg,
+        )
+        np.testing.assert_allclose(got[0], want[0] + 0.25, rtol=1e-6, atol=1e-6)
+
+
+def test_activation_and_dbias_flat_match_descriptor_calls():
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((5, 64)) * 3).astype(np.float32)
+    grad = rng.standard_normal((5, 32)).astype(np.float32)
+    swiglu = int(_C.Activation.SWIGLU)
+    y, y_desc = f32(0, (5, 32)), f32(0, (5, 32))
+    _C.activation_fwd_flat(spec(x), swiglu, 0, spec(y), None, None, None, None, None)
+    _C.activation_fwd(tensor(x), _C.QuantizedTensor(0, rowwise_data=tensor(y_desc)), swiglu)
+    assert (bits(y) == bits(y_desc)).all() and (y != 0).any()
+    cfg = _C.QuantConfig(compute_scale=True)
+    got = dict(cd=fp8_buffer((64, 5)), cs=f32(), amax=f32(), scale=f32(), dbias=f32(0, (64,)))
+    want = {k: v.copy() for k, v in got.items()}
+    _C.activation_bwd_flat(
+        spec(grad), spec(x), swiglu, 0, None, None, spec(got["cd"], E4M3), spec(got["cs"]),
+        spec(got["amax"]), spec(got["scale"]), spec(got["dbias"]), cfg,
+    )  # fmt: skip
+    dx = _C.QuantizedTensor(
+        0, columnwise_data=tensor(want["cd"], E4M3), columnwise_scale_inv=tensor(want["cs"]),
+        amax=tensor(want["amax"]), scale=tensor(want["scale"]),
+    )  # fmt: skip
+    _C.activation_bwd(tensor(grad), tensor(x), dx, tensor(want["dbias"]), swiglu, cfg)
+    for k in got:
+        assert (bits(got[k]) == bits(want[k])).all(), k
+    got = dict(rd=fp8_buffer((5, 64)), rs=f32(), amax=f32(), scale=f32(), dbias=f32(0, (64,)))
+    want = {k: v.copy() for k, v in got.items()}
+    _C.dbias_quantize_flat(
+        spec(x), 0, spec(got["rd"], E4M3), spec(got["rs"]), None, None, spec(got["amax"]),
+        spec(got["scale"]), spec(got["dbias"]), cfg,
+    )  # fmt: skip
+    out = _C.QuantizedTensor(
+        0, rowwise_data=tensor(want["rd"], E4M3), rowwise_scale_inv=tensor(want["rs"]),
+        amax=tensor(want["amax"]), scale=tensor(want["scale"]),
+    )  # fmt: skip
+    _C.dbias_quantize(tensor(x), out, tensor(want["dbias"]), cfg)
+    for k in got:
+        assert (bits(got[k]) == bits(want[k])).all(), k
+    np.testing.assert_allclose(got["dbias"], x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_flat_errors():
+    x, gamma, beta = norm_inputs()
+    y, rsigma, mu = f32(0, (6, 40)), f32(0, (6,)), f32(0, (6,))
+    with pytest.raises(ValueError, match=r"^beta: expected None for RMSNorm \(it has no bias\)$"):
+        _C.norm_fwd_flat(
+            True,
+            spec(x),
+            spec(gamma),
+            spec(beta),
+            0,
+            spec(y),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            spec(rsigma),
+        )
+    with pytest.raises(ValueError, match=r"^add: expected None for LayerNorm"):
+        _C.norm_bwd_flat(
+            False,
+            spec(y),
+            spec(x),
+            spec(mu),
+            spec(rsigma),
+            spec(gamma),
+            spec(y),
+            spec(f32(0, (40,))),
+            None,
+            spec(y),
+        )
+    c_error(ValueError, "te_layernorm_fwd: gamma.shape: expected [40]", _C.norm_fwd_flat, rms=False,
+            x=spec(x), gamma=spec(gamma[:39]), beta=None, out_mode=0, rd=spec(y), rs=None, cd=None,
+            cs=None, amax=None, scale=None, mu=spec(mu), rsigma=spec(rsigma))  # fmt: skip
+    c_error(ValueError, "te_activation_fwd: output->rowwise_data.shape", _C.activation_fwd_flat,
+            x=spec(x), activation=int(_C.Activation.GEGLU), out_mode=0, rd=spec(y), rs=None,
+            cd=None, cs=None, amax=None, scale=None)  # fmt: skip
+    c_error(ValueError, "te_dbias_quantize: dbias.shape: expected [40]", _C.dbias_quantize_flat,
+            x=spec(x), mode=0, rd=spec(fp8_buffer((6, 40)), E4M3), rs=spec(f32()), cd=None,
+            cs=None, amax=spec(f32()), scale=spec(f32()), dbias=spec(f32(0, (6,))),
+            config=_C.QuantConfig(compute_scale=True))  # fmt: skip
+    with pytest.raises(TypeError, match=r"^dbias: expected None, a Tensor or a \(ptr"):
+        _C.activation_bwd_flat(spec(y), spec(x), 0, 0, spec(y), None, None, None, None, None, "dbias")

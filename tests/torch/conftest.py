@@ -3,12 +3,20 @@
 Only torch's own float8 conversion (round to nearest even) is trusted; saturation, scale rules,
 block partitioning and the stored scale layouts are written out here. Exposed as the `oracle`
 fixture (test modules are imported with --import-mode=importlib, so they cannot import this).
+The module references (_module_ref.py) are imported by the tests from this folder, which is put
+on sys.path here.
 """
 
+import os
+import sys
 import types
 
 import pytest
 import torch
+
+_here = os.path.dirname(os.path.abspath(__file__))
+if _here not in sys.path:
+    sys.path.insert(0, _here)
 
 FLT_MAX = torch.finfo(torch.float32).max
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}

@@ -2,55 +2,14 @@
 dequantized, fp32 math: tight) and the fp32 reference (loose), weight caching, main_grad, errors,
 torch.compile. Delayed-scaling state over steps lives in test_autocast.py."""
 
+import copy
+
 import pytest
 import te_torch as te
 import torch
 import torch.nn.functional as F
+from _module_ref import E4M3, RECIPES, deq, ref_quantizers, rel
 from te_torch import recipe
-
-E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-RECIPES = {
-    "delayed": recipe.DelayedScaling,
-    "current": recipe.Float8CurrentScaling,
-    "block": recipe.Float8BlockScaling,
-}
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def deq(q, x, row: bool) -> torch.Tensor:
-    """fp32 values of x's row-wise (or column-wise) copy as ``q`` quantizes it."""
-    q = q.copy()
-    q.set_usage(rowwise=row, columnwise=not row)
-    return q(x).dequantize(dtype=torch.float32)
-
-
-def ref_quantizers(r, fwd_scale=None, bwd_scale=None):
-    """Fresh quantizers configured as te.Linear's for recipe ``r`` (x, w, dy)."""
-    if r.delayed():
-        g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
-        fs = torch.ones(3) if fwd_scale is None else fwd_scale.clone()
-        bs = torch.ones(2) if bwd_scale is None else bwd_scale.clone()
-        return (
-            te.Float8Quantizer(fs[0:1], torch.zeros(1), E4M3),
-            te.Float8Quantizer(fs[1:2], torch.zeros(1), E4M3),
-            te.Float8Quantizer(bs[0:1], torch.zeros(1), g),
-        )
-    if r.float8_current_scaling():
-        g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
-        return (
-            te.Float8CurrentScalingQuantizer(E4M3),
-            te.Float8CurrentScalingQuantizer(E4M3),
-            te.Float8CurrentScalingQuantizer(g),
-        )
-    return (
-        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.x_block_scaling_dim),
-        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.w_block_scaling_dim),
-        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.grad_block_scaling_dim),
-    )
 
 
 def emulate(r, x, w, b, dy, fwd_scale=None, bwd_scale=None):
@@ -106,6 +65,33 @@ def test_linear_matches_emulated_and_fp32_reference(name, dtype, shape):
     assert rel(got[1], dxf) <= grad_tol
     assert rel(got[2], dwf) <= grad_tol
     assert rel(got[0], yf) > 1e-4  # it really was quantized
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_bias_gradient_fused_with_grad_quantization_changes_nothing(name, dtype):
+    """The backward sums the bias gradient in the pass that quantizes dy (te_dbias_quantize):
+    dx and dw are bit-identical to a backward without a trainable bias (dy quantized alone),
+    and db is the fp32 column sums of dy rounded to the bias dtype."""
+    torch.manual_seed(9)
+    r = RECIPES[name](**({"amax_history_len": 2} if name == "delayed" else {}))
+    base = te.Linear(160, 96, params_dtype=dtype, device="cpu")
+    with torch.no_grad():
+        base.bias.normal_(0, 0.5)
+    x = torch.randn(3, 16, 160, dtype=dtype)
+    dy = torch.randn(3, 16, 96, dtype=dtype) * 3
+    got = {}
+    for trainable in (True, False):
+        m = copy.deepcopy(base)
+        m.bias.requires_grad_(trainable)
+        for step in range(2):  # the second step runs on updated delayed scales
+            got[trainable] = run(m, x * (step + 1), dy, r)
+            m.weight.grad = m.bias.grad = None
+    (dx1, dw1, db1), (dx0, dw0, db0) = got[True][1:], got[False][1:]
+    assert torch.equal(dx1, dx0) and torch.equal(dw1, dw0)
+    assert db0 is None and db1.dtype == dtype
+    want = dy.double().reshape(-1, 96).sum(0)
+    assert torch.allclose(db1.double(), want, rtol=1e-6 if dtype == torch.float32 else 2**-8, atol=1e-5)
 
 
 def test_outside_autocast_is_plain_linear():

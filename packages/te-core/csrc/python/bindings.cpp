@@ -164,6 +164,24 @@ te_tensor part(uintptr_t ptr, int32_t dtype, py::handle shape, te_device device,
   return t;
 }
 
+// A te_quantized_tensor from its parts as specs (above); the output of the fused ops' *_flat
+// entry points (high precision: rowwise data alone in PER_TENSOR mode).
+te_quantized_tensor quantized(int32_t mode, py::handle rd, py::handle rs, py::handle cd,
+                              py::handle cs, py::handle amax, py::handle scale) {
+  te_quantized_tensor q = te_quantized_tensor_init(mode);
+  q.rowwise_data = spec(rd, "rowwise_data");
+  q.rowwise_scale_inv = spec(rs, "rowwise_scale_inv");
+  q.columnwise_data = spec(cd, "columnwise_data");
+  q.columnwise_scale_inv = spec(cs, "columnwise_scale_inv");
+  q.amax = spec(amax, "amax");
+  q.scale = spec(scale, "scale");
+  return q;
+}
+
+void require_none(py::handle h, const char* arg, const char* why) {
+  if (!h.is_none()) throw py::value_error(std::string(arg) + ": expected None " + why);
+}
+
 // Runs a C call without the GIL, after every argument is converted: CPU kernels run on this
 // thread and can be long. Measured: releasing costs ~50 ns a call (pybind11 call_guard, 2-core
 // dev machine), against ~1.2 us for the whole call at tiny sizes, so CUDA calls release it too.
@@ -597,6 +615,113 @@ PYBIND11_MODULE(_C, m) {
       "te_gemm with operands as parts (each None, a Tensor or a (ptr, dtype, shape, device) "
       "tuple, device -1: CPU). config: a GemmConfig whose scalar fields are used (its "
       "bias/aux/bias_grad are replaced by the arguments), or None for the defaults.");
+  m.def(
+      "norm_fwd_flat",
+      [](bool rms, py::handle x, py::handle gamma, py::handle beta, int32_t out_mode,
+         py::handle rd, py::handle rs, py::handle cd, py::handle cs, py::handle amax,
+         py::handle scale, py::handle mu, py::handle rsigma, const te_norm_config* config,
+         const te_quant_config* quant_config, uintptr_t stream) {
+        if (rms) {
+          require_none(beta, "beta", "for RMSNorm (it has no bias)");
+          require_none(mu, "mu", "for RMSNorm (it has no mean)");
+        }
+        const te_tensor xt = spec(x, "x"), g = spec(gamma, "gamma"), b = spec(beta, "beta");
+        te_quantized_tensor out = quantized(out_mode, rd, rs, cd, cs, amax, scale);
+        te_tensor mu_t = spec(mu, "mu"), rsigma_t = spec(rsigma, "rsigma");
+        void* s = as_stream(stream);
+        check(without_gil([&] {
+          if (rms) return te_rmsnorm_fwd(&xt, &g, &out, &rsigma_t, config, quant_config, s);
+          return te_layernorm_fwd(&xt, &g, &b, &out, &mu_t, &rsigma_t, config, quant_config, s);
+        }));
+      },
+      py::arg("rms"), py::arg("x"), py::arg("gamma"), py::arg("beta").none(true),
+      py::arg("out_mode"), py::arg("rd").none(true), py::arg("rs").none(true),
+      py::arg("cd").none(true), py::arg("cs").none(true), py::arg("amax").none(true),
+      py::arg("scale").none(true), py::arg("mu").none(true), py::arg("rsigma").none(true),
+      py::arg("config").none(true) = py::none(),
+      py::arg("quant_config").none(true) = py::none(), py::arg("stream") = 0,
+      "te_layernorm_fwd (te_rmsnorm_fwd with rms) with every tensor a spec (None, a Tensor or a "
+      "(ptr, dtype, shape, device) tuple, device -1: CPU) and the output given as its parts in "
+      "out_mode.");
+  m.def(
+      "norm_bwd_flat",
+      [](bool rms, py::handle dz, py::handle x, py::handle mu, py::handle rsigma,
+         py::handle gamma, py::handle dx, py::handle dgamma, py::handle dbeta, py::handle add,
+         const te_norm_config* config, uintptr_t stream) {
+        if (rms) {
+          require_none(mu, "mu", "for RMSNorm (it has no mean)");
+          require_none(dbeta, "dbeta", "for RMSNorm (it has no bias)");
+        } else {
+          require_none(add, "add", "for LayerNorm (te_rmsnorm_bwd_add is RMSNorm's)");
+        }
+        const te_tensor dzt = spec(dz, "dz"), xt = spec(x, "x"), mu_t = spec(mu, "mu");
+        const te_tensor rsigma_t = spec(rsigma, "rsigma"), g = spec(gamma, "gamma");
+        const te_tensor add_t = spec(add, "add");
+        te_tensor dx_t = spec(dx, "dx"), dg = spec(dgamma, "dgamma"), db = spec(dbeta, "dbeta");
+        void* s = as_stream(stream);
+        check(without_gil([&] {
+          if (!rms) {
+            return te_layernorm_bwd(&dzt, &xt, &mu_t, &rsigma_t, &g, &dx_t, &dg, &db, config, s);
+          }
+          if (add.is_none()) return te_rmsnorm_bwd(&dzt, &xt, &rsigma_t, &g, &dx_t, &dg, config, s);
+          return te_rmsnorm_bwd_add(&dzt, &xt, &add_t, &rsigma_t, &g, &dx_t, &dg, config, s);
+        }));
+      },
+      py::arg("rms"), py::arg("dz"), py::arg("x"), py::arg("mu").none(true), py::arg("rsigma"),
+      py::arg("gamma"), py::arg("dx"), py::arg("dgamma"), py::arg("dbeta").none(true),
+      py::arg("add").none(true), py::arg("config").none(true) = py::none(), py::arg("stream") = 0,
+      "te_layernorm_bwd / te_rmsnorm_bwd (te_rmsnorm_bwd_add with add) with every tensor a "
+      "spec (None, a Tensor or a (ptr, dtype, shape, device) tuple, device -1: CPU).");
+  m.def(
+      "activation_fwd_flat",
+      [](py::handle x, int32_t activation, int32_t out_mode, py::handle rd, py::handle rs,
+         py::handle cd, py::handle cs, py::handle amax, py::handle scale,
+         const te_quant_config* config, uintptr_t stream) {
+        const te_tensor xt = spec(x, "x");
+        te_quantized_tensor out = quantized(out_mode, rd, rs, cd, cs, amax, scale);
+        void* s = as_stream(stream);
+        check(without_gil([&] { return te_activation_fwd(&xt, &out, activation, config, s); }));
+      },
+      py::arg("x"), py::arg("activation"), py::arg("out_mode"), py::arg("rd").none(true),
+      py::arg("rs").none(true), py::arg("cd").none(true), py::arg("cs").none(true),
+      py::arg("amax").none(true), py::arg("scale").none(true),
+      py::arg("config").none(true) = py::none(),
+      py::arg("stream") = 0,
+      "te_activation_fwd with every tensor a spec and the output given as its parts in "
+      "out_mode.");
+  m.def(
+      "activation_bwd_flat",
+      [](py::handle grad, py::handle x, int32_t activation, int32_t dx_mode, py::handle rd,
+         py::handle rs, py::handle cd, py::handle cs, py::handle amax, py::handle scale,
+         py::handle dbias, const te_quant_config* config, uintptr_t stream) {
+        const te_tensor gt = spec(grad, "grad"), xt = spec(x, "x");
+        te_quantized_tensor dx = quantized(dx_mode, rd, rs, cd, cs, amax, scale);
+        te_tensor db = spec(dbias, "dbias");
+        void* s = as_stream(stream);
+        check(without_gil(
+            [&] { return te_activation_bwd(&gt, &xt, &dx, &db, activation, config, s); }));
+      },
+      py::arg("grad"), py::arg("x"), py::arg("activation"), py::arg("dx_mode"),
+      py::arg("rd").none(true), py::arg("rs").none(true), py::arg("cd").none(true),
+      py::arg("cs").none(true), py::arg("amax").none(true), py::arg("scale").none(true),
+      py::arg("dbias").none(true), py::arg("config").none(true) = py::none(), py::arg("stream") = 0,
+      "te_activation_bwd with every tensor a spec and dx given as its parts in dx_mode.");
+  m.def(
+      "dbias_quantize_flat",
+      [](py::handle x, int32_t mode, py::handle rd, py::handle rs, py::handle cd, py::handle cs,
+         py::handle amax, py::handle scale, py::handle dbias, const te_quant_config* config,
+         uintptr_t stream) {
+        const te_tensor xt = spec(x, "x");
+        te_quantized_tensor out = quantized(mode, rd, rs, cd, cs, amax, scale);
+        te_tensor db = spec(dbias, "dbias");
+        void* s = as_stream(stream);
+        check(without_gil([&] { return te_dbias_quantize(&xt, &out, &db, config, s); }));
+      },
+      py::arg("x"), py::arg("mode"), py::arg("rd").none(true), py::arg("rs").none(true),
+      py::arg("cd").none(true), py::arg("cs").none(true), py::arg("amax").none(true),
+      py::arg("scale").none(true), py::arg("dbias"), py::arg("config").none(true) = py::none(),
+      py::arg("stream") = 0,
+      "te_dbias_quantize with every tensor a spec and the output given as its parts in mode.");
   m.def("last_error", &te_last_error);
   m.def(
       "forward_log_to_python",

@@ -7,8 +7,11 @@ This slice provides TE's quantizers and quantized tensors:
   -> ``Float8Tensor`` (FP8 data, optional transposed copy, one fp32 scale_inv);
 - ``Float8BlockQuantizer`` (1x128 / 128x128 block scaling) -> ``Float8BlockwiseQTensor``;
 - ``recipe``: te_core's recipes (``te.recipe.DelayedScaling``, ...);
-- ``Linear`` and ``autocast`` (alias ``fp8_autocast``): TE's Linear layer, quantized inside
-  an autocast region with DelayedScaling, Float8CurrentScaling or Float8BlockScaling;
+- ``Linear``, ``LayerNormLinear``, ``LayerNormMLP`` and ``autocast`` (alias ``fp8_autocast``):
+  TE's GEMM modules, quantized inside an autocast region with DelayedScaling,
+  Float8CurrentScaling or Float8BlockScaling (the norm and activation kernels write the next
+  GEMM's FP8 input directly);
+- ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
 - ``functional``: the GEMMs of a Linear layer on torch and quantized tensors
@@ -30,7 +33,11 @@ from te_torch._availability import is_mxfp8_available as is_mxfp8_available
 from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
+from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
+from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
+from te_torch._norm import LayerNorm as LayerNorm
+from te_torch._norm import RMSNorm as RMSNorm
 from te_torch._quantized_tensor import QuantizedTensor as QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer as Float8BlockQuantizer
 from te_torch._quantizers import Float8CurrentScalingQuantizer as Float8CurrentScalingQuantizer
@@ -50,6 +57,10 @@ __all__ = [
     "Float8Tensor",
     "Float8BlockwiseQTensor",
     "Linear",
+    "LayerNormLinear",
+    "LayerNormMLP",
+    "LayerNorm",
+    "RMSNorm",
     "autocast",
     "fp8_autocast",
     "is_fp8_available",

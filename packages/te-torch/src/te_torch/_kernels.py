@@ -32,7 +32,7 @@ _GELU_AUX = int(_C.Epilogue.GELU_AUX)
 _DGELU = int(_C.Epilogue.DGELU)
 _BGRAD = int(_C.Epilogue.BGRAD)
 _gemm_configs: dict = {}  # gemm_config()'s cache (configs are never mutated once built)
-_quantize_shapes: dict = {}  # (source shape, mode) -> output part shapes; see _part_shapes()
+_quantize_shapes: dict = {}  # (source shape, mode) -> output part shapes; see part_shapes()
 
 try:  # the raw cudaStream_t of the current stream, without building a torch.cuda.Stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -61,7 +61,7 @@ def spec(t: torch.Tensor | None) -> tuple | None:
     return (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, t.get_device())
 
 
-def _part_shapes(shape: torch.Size, mode: int) -> tuple:
+def part_shapes(shape: torch.Size, mode: int) -> tuple:
     """(rowwise_scale_inv, columnwise_data, columnwise_scale_inv) shapes of quantizing a source of
     ``shape`` (te_quantized_shape, via the op table on a miss), cached per (shape, mode)."""
     key = (shape, mode)
@@ -130,7 +130,7 @@ def quantize(
         stream = _raw_stream(dev)
     else:
         device, stream = _CPU, 0
-    rs_shape, cd_shape, cs_shape = _part_shapes(shape, mode)
+    rs_shape, cd_shape, cs_shape = part_shapes(shape, mode)
     rd = rs = cd = cs = None
     rd_ptr = rs_ptr = cd_ptr = cs_ptr = 0
     if rowwise:

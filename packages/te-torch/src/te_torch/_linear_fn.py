@@ -1,4 +1,4 @@
-"""The quantized Linear as an autograd Function, and the per-module objects it reuses.
+"""The quantized Linear as an autograd Function.
 
 Forward (one quantization per operand, no re-quantization in backward):
 
@@ -8,117 +8,59 @@ Forward (one quantization per operand, no re-quantization in backward):
 
 Backward:
 
-    gq = quantize(dy)  row-wise (dgrad) + column-wise (wgrad), backward format (HYBRID: E5M2)
+    gq, db = quantize(dy) row-wise (dgrad) + column-wise (wgrad), backward format (HYBRID: E5M2),
+             and with a bias its gradient (the column sums of the unquantized dy, in fp32) in the
+             same pass (te_dbias_quantize)
     dx = gemm_dgrad(gq, wq)                          split accumulator: recipe.fp8_gemm_dgrad
     dw = gemm_wgrad(gq, xq)  (or += into weight.main_grad, returning None)      ... _wgrad
-    db = dy summed over the leading dims in high precision (as TE: from the unquantized dy)
 
-Each copy is produced only when a gradient needs it (``needs_input_grad``).
+Each copy is produced only when a gradient needs it (``needs_input_grad``). The recipe objects
+(quantizers, delayed-scaling state) are _gemm_state.FP8Context.
 """
 
 from __future__ import annotations
 
 import torch
-from te_core.recipe import Format
 
-from te_torch import _autocast
-from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
-from te_torch._recipe_state import DelayedState, recipe_key
+from te_torch import _fused
+from te_torch._gemm_state import FP8Context
 from te_torch.functional import gemm, gemm_dgrad, gemm_wgrad
 
-_E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-_FWD_ROLES, _BWD_ROLES = 3, 2  # input, weight, output / grad_output, grad_input
+
+def quantize_grad(c: FP8Context, dy: torch.Tensor, need_dgrad: bool, need_wgrad: bool, db_dtype):
+    """(gq, db): dy quantized with the copies the dgrad / wgrad GEMMs read, and with ``db_dtype``
+    (not None) the bias gradient from the same pass. Registers the backward delayed-scaling
+    update."""
+    q = c.g_q[2 * need_dgrad + need_wgrad]
+    c.register_backward()
+    if db_dtype is None:
+        return q(dy), None
+    return _fused.dbias_quantize(dy, q, db_dtype)
 
 
-def _dtypes(fmt: Format) -> tuple[torch.dtype, torch.dtype]:
-    return _E4M3, (_E5M2 if fmt == Format.HYBRID else _E4M3)
-
-
-def _variants(q) -> tuple:
-    """``q`` in the four (rowwise, columnwise) usages, indexed ``2 * row + col`` (0 unused)."""
-    out = [None]
-    for row, col in ((False, True), (True, False), (True, True)):
-        v = q.copy()
-        v.set_usage(rowwise=row, columnwise=col)
-        out.append(v)
-    return tuple(out)
-
-
-class FP8Context:
-    """What a module's quantized call reuses for one recipe: quantizers (built once), the GEMMs'
-    split-accumulator flags, the delayed-scaling states and their update keys, and the cached
-    quantized weight (``is_first_microbatch``)."""
-
-    __slots__ = (
-        "recipe",
-        "delayed",
-        "x_q",
-        "w_q",
-        "g_q",
-        "split",
-        "fwd",
-        "bwd",
-        "fwd_key",
-        "bwd_key",
-        "weight_cache",
-        "device",
+def wgrad(c: FP8Context, gq, xq, weight: torch.Tensor, fuse: bool, w_dtype: torch.dtype):
+    """dw = gq^T xq, or (``fuse``) accumulated into ``weight.main_grad`` by the GEMM (None)."""
+    if not fuse:
+        return gemm_wgrad(gq, xq, out_dtype=w_dtype, use_split_accumulator=c.split[2])
+    gemm_wgrad(
+        gq,
+        xq,
+        out=weight.main_grad,
+        accumulate=not getattr(weight, "overwrite_main_grad", False),
+        use_split_accumulator=c.split[2],
     )
-
-    def __init__(
-        self, recipe, device: torch.device, fwd: DelayedState | None, bwd: DelayedState | None, group
-    ) -> None:
-        self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
-        self.delayed = recipe.delayed()
-        self.weight_cache = None
-        self.fwd_key = self.bwd_key = None
-        if self.delayed:
-            fdt, bdt = _dtypes(recipe.fp8_format)
-            x = Float8Quantizer(fwd.scale_of(0), fwd.amax(0), fdt)
-            w = Float8Quantizer(fwd.scale_of(1), fwd.amax(1), fdt)
-            g = Float8Quantizer(bwd.scale_of(0), bwd.amax(0), bdt)
-            self.fwd_key = recipe_key(recipe, False, group)
-            self.bwd_key = recipe_key(recipe, True, group)
-            self.split = (False, True, True)
-        elif recipe.float8_current_scaling():
-            fdt, bdt = _dtypes(recipe.fp8_format)
-
-            def cs(dtype, qp):
-                return Float8CurrentScalingQuantizer(
-                    dtype, device, force_pow_2_scales=qp.power_2_scale, amax_epsilon=qp.amax_epsilon
-                )
-
-            x, w = cs(fdt, recipe.fp8_quant_fwd_inp), cs(fdt, recipe.fp8_quant_fwd_weight)
-            g = cs(bdt, recipe.fp8_quant_bwd_grad)
-            self.split = _splits(recipe)
-        elif recipe.float8_block_scaling():
-
-            def bq(dim, qp):
-                return Float8BlockQuantizer(
-                    _E4M3,
-                    block_scaling_dim=dim,
-                    force_pow_2_scales=qp.power_2_scale,
-                    amax_epsilon=qp.amax_epsilon,
-                )
-
-            x = bq(recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp)
-            w = bq(recipe.w_block_scaling_dim, recipe.fp8_quant_fwd_weight)
-            g = bq(recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad)
-            self.split = _splits(recipe)
-        else:
-            raise NotImplementedError(
-                f"te.Linear: {type(recipe).__name__} is not supported yet: te-core has no "
-                "MXFP8 / NVFP4 quantization (or custom quantizer factories) yet. Use "
-                "DelayedScaling, Float8CurrentScaling or Float8BlockScaling"
-            )
-        self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+    return None
 
 
-def _splits(recipe) -> tuple[bool, bool, bool]:
-    return (
-        recipe.fp8_gemm_fprop.use_split_accumulator,
-        recipe.fp8_gemm_dgrad.use_split_accumulator,
-        recipe.fp8_gemm_wgrad.use_split_accumulator,
-    )
+def any_requires_grad(*ts) -> bool:
+    return any(t is not None and t.requires_grad for t in ts)
+
+
+def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias gradient when dy is not quantized at all (no other gradient needed)."""
+    return dy.reshape(-1, dy.shape[-1]).float().sum(0).to(dtype)
 
 
 class LinearFn(torch.autograd.Function):
@@ -128,12 +70,7 @@ class LinearFn(torch.autograd.Function):
     def forward(ctx, inp, weight, bias, c: FP8Context, first, fuse_wgrad: bool):
         need_dx, need_dw = inp.requires_grad, weight.requires_grad
         xq = c.x_q[2 + need_dw](inp)
-        if first is None:
-            wq = c.w_q[2 + need_dx](weight)
-        elif first or c.weight_cache is None:
-            wq = c.weight_cache = c.w_q[3](weight)
-        else:
-            wq = c.weight_cache
+        wq = c.weight(weight, first, need_dx)
         if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
             bias = bias.to(inp.dtype)
         out = gemm(xq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
@@ -154,25 +91,11 @@ class LinearFn(torch.autograd.Function):
         if need_dx or need_dw:
             if not dy.is_contiguous():
                 dy = dy.contiguous()
-            gq = c.g_q[2 * need_dx + need_dw](dy)
-            if c.delayed:
-                _autocast.register_backward(c.bwd_key, c.recipe, c.bwd)
+            gq, db = quantize_grad(c, dy, need_dx, need_dw, ctx.b_dtype if need_db else None)
             if need_dx:
                 dx = gemm_dgrad(gq, wq, out_dtype=dy.dtype, use_split_accumulator=c.split[1])
             if need_dw:
-                if ctx.fuse:
-                    w = ctx.weight
-                    gemm_wgrad(
-                        gq,
-                        xq,
-                        out=w.main_grad,
-                        accumulate=not getattr(w, "overwrite_main_grad", False),
-                        use_split_accumulator=c.split[2],
-                    )
-                    if hasattr(w, "grad_added_to_main_grad"):
-                        w.grad_added_to_main_grad = True
-                else:
-                    dw = gemm_wgrad(gq, xq, out_dtype=ctx.w_dtype, use_split_accumulator=c.split[2])
-        if need_db:
-            db = dy.reshape(-1, dy.shape[-1]).sum(0).to(ctx.b_dtype)
+                dw = wgrad(c, gq, xq, ctx.weight, ctx.fuse, ctx.w_dtype)
+        elif need_db:
+            db = column_sums(dy, ctx.b_dtype)
         return dx, dw, db, None, None, None

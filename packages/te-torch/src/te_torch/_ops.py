@@ -18,9 +18,9 @@ import functools
 
 import torch
 from te_core import _C
-from te_core._ops import ABSENT_SHAPE, gemm_dims, gemm_outputs, quantize_outputs
+from te_core._ops import ABSENT_SHAPE, fused_output, gemm_dims, gemm_outputs, quantize_outputs
 
-from te_torch import _kernels
+from te_torch import _fused_kernels, _kernels
 from te_torch._dtypes import TE_DTYPE
 
 _lib = torch.library.Library("te", "DEF")  # noqa: TOR901 - one definition site per op
@@ -45,6 +45,35 @@ _lib.define(
     "int b_scaling_mode, bool trans_a, bool trans_b, Tensor(a!)? out, ScalarType out_dtype, "
     "bool accumulate, int epilogue, Tensor? bias, Tensor? gelu_input, int use_split_accumulator"
     ") -> (Tensor, Tensor, Tensor)"
+)
+# The fused ops (te/normalization.h, te/activation.h). Their main output is four tensors, the
+# quantize op's (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv):
+# scaling_mode -1 is high precision in out_dtype (rowwise_data alone), otherwise FP8 of
+# out_dtype, quantized as te.quantize would with the other arguments.
+_QUANT_ARGS = (
+    "int scaling_mode, ScalarType out_dtype, bool rowwise, bool columnwise, bool compute_scale, "
+    "bool force_pow2_scales, float amax_epsilon"
+)
+_lib.define(
+    "norm_fwd(Tensor x, Tensor gamma, Tensor? beta, Tensor(a!)? amax, Tensor(b!)? scale, "
+    f"bool rms, float eps, bool zero_centered_gamma, {_QUANT_ARGS}) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"  # + mu (absent for RMSNorm), rsigma
+)
+_lib.define(
+    "norm_bwd(Tensor dz, Tensor x, Tensor? mu, Tensor rsigma, Tensor gamma, Tensor? add, bool rms, "
+    "bool zero_centered_gamma, bool with_dbeta) -> (Tensor, Tensor, Tensor)"  # dx, dgamma, dbeta
+)
+_lib.define(
+    "activation_fwd(Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, int activation, "
+    f"{_QUANT_ARGS}) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "activation_bwd(Tensor grad, Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, int activation, "
+    f"{_QUANT_ARGS}, ScalarType? dbias_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "dbias_quantize(Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, "
+    f"{_QUANT_ARGS}, ScalarType dbias_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -148,12 +177,114 @@ def _gemm_fake(
     return (src.new_empty(ABSENT_SHAPE, dtype=out_dtype) if out is not None else d), aux, bias_grad
 
 
+def _spec(amax, scale, mode, fp8_dtype, rowwise, columnwise, compute_scale, pow2, eps):
+    if mode < 0:
+        return None
+    config = quant_config(compute_scale, pow2, eps)
+    return _fused_kernels.QuantSpec(
+        mode, fp8_dtype, rowwise, columnwise, config, amax, scale, None, None, compute_scale, pow2, eps
+    )
+
+
+def _op_parts(parts, out_dtype, device) -> tuple:
+    """A fused output's parts as op results: absent ones empty, no two results aliased."""
+    rd, rs, cd, cs = parts
+    if cs is not None and cs is rs:
+        cs = rs.clone()
+    dtypes = (out_dtype, torch.float32, out_dtype, torch.float32)
+    return tuple(
+        p if p is not None else _absent(d, device) for p, d in zip((rd, rs, cd, cs), dtypes, strict=True)
+    )
+
+
+def _fake_parts(x, shape, mode, out_dtype, rowwise, columnwise) -> tuple:
+    specs = fused_output(
+        tuple(int(d) for d in shape), TE_DTYPE[out_dtype], None if mode < 0 else mode, rowwise, columnwise
+    )
+    dtypes = (out_dtype, torch.float32, out_dtype, torch.float32)
+    return tuple(x.new_empty(s.shape, dtype=d) for s, d in zip(specs[:4], dtypes, strict=True))
+
+
+def _rows(x) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _norm_fwd_kernel(x, gamma, beta, amax, scale, rms, eps, zcg, mode, out_dtype, row, col, cs, pow2, qeps):
+    q = _spec(amax, scale, mode, out_dtype, row, col, cs, pow2, qeps)
+    *parts, mu, rsigma = _fused_kernels.norm_fwd(x, gamma, beta, rms, eps, zcg, q, out_dtype)
+    mu = mu if mu is not None else _absent(torch.float32, x.device)
+    return (*_op_parts(parts, out_dtype, x.device), mu, rsigma)
+
+
+def _norm_fwd_fake(x, gamma, beta, amax, scale, rms, eps, zcg, mode, out_dtype, row, col, cs, pow2, qeps):
+    m = _rows(x)
+    mu = x.new_empty(ABSENT_SHAPE if rms else (m,), dtype=torch.float32)
+    return (*_fake_parts(x, x.shape, mode, out_dtype, row, col), mu, x.new_empty((m,), dtype=torch.float32))
+
+
+def _norm_bwd_kernel(dz, x, mu, rsigma, gamma, add, rms, zcg, with_dbeta):
+    dx, dgamma, dbeta = _fused_kernels.norm_bwd(dz, x, mu, rsigma, gamma, rms, zcg, with_dbeta, add)
+    return dx, dgamma, dbeta if dbeta is not None else _absent(gamma.dtype, gamma.device)
+
+
+def _norm_bwd_fake(dz, x, mu, rsigma, gamma, add, rms, zcg, with_dbeta):
+    dbeta_shape = gamma.shape if with_dbeta and not rms else ABSENT_SHAPE
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape), gamma.new_empty(dbeta_shape)
+
+
+def _act_fwd_kernel(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps):
+    q = _spec(amax, scale, mode, out_dtype, row, col, cs, pow2, qeps)
+    return _op_parts(_fused_kernels.activation_fwd(x, kind, q, out_dtype), out_dtype, x.device)
+
+
+def _act_fwd_fake(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps):
+    shape = _fused_kernels.activation_out_shape(x.shape, kind)
+    return _fake_parts(x, shape, mode, out_dtype, row, col)
+
+
+def _act_bwd_kernel(grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+    q = _spec(amax, scale, mode, out_dtype, row, col, cs, pow2, qeps)
+    *parts, dbias = _fused_kernels.activation_bwd(grad, x, kind, q, out_dtype, dbias_dtype)
+    dbias = dbias if dbias is not None else _absent(x.dtype, x.device)
+    return (*_op_parts(parts, out_dtype, x.device), dbias)
+
+
+def _act_bwd_fake(grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+    dbias = x.new_empty(ABSENT_SHAPE if dbias_dtype is None else (x.shape[-1],), dtype=dbias_dtype or x.dtype)
+    return (*_fake_parts(x, x.shape, mode, out_dtype, row, col), dbias)
+
+
+def _dbias_quantize_kernel(x, amax, scale, mode, fp8_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+    q = _spec(amax, scale, mode, fp8_dtype, row, col, cs, pow2, qeps)
+    *parts, dbias = _fused_kernels.dbias_quantize(x, q, dbias_dtype)
+    return (*_op_parts(parts, fp8_dtype, x.device), dbias)
+
+
+def _dbias_quantize_fake(x, amax, scale, mode, fp8_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+    return (
+        *_fake_parts(x, x.shape, mode, fp8_dtype, row, col),
+        x.new_empty((x.shape[-1],), dtype=dbias_dtype),
+    )
+
+
+_FUSED = {
+    "norm_fwd": (_norm_fwd_kernel, _norm_fwd_fake),
+    "norm_bwd": (_norm_bwd_kernel, _norm_bwd_fake),
+    "activation_fwd": (_act_fwd_kernel, _act_fwd_fake),
+    "activation_bwd": (_act_bwd_kernel, _act_bwd_fake),
+    "dbias_quantize": (_dbias_quantize_kernel, _dbias_quantize_fake),
+}
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("quantize", _quantize_kernel, _key)
     _lib.impl("dequantize", _dequantize_kernel, _key)
     _lib.impl("transpose", _kernels.transpose, _key)
     _lib.impl("gemm", _gemm_kernel, _key)
+    for _name, (_kernel, _) in _FUSED.items():
+        _lib.impl(_name, _kernel, _key)
 torch.library.register_fake("te::quantize", _quantize_fake, lib=_lib)
 torch.library.register_fake("te::dequantize", _dequantize_fake, lib=_lib)
 torch.library.register_fake("te::transpose", _transpose_fake, lib=_lib)
 torch.library.register_fake("te::gemm", _gemm_fake, lib=_lib)
+for _name, (_, _fake) in _FUSED.items():
+    torch.library.register_fake(f"te::{_name}", _fake, lib=_lib)

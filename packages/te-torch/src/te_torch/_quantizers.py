@@ -18,6 +18,7 @@ from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._dtypes import check_fp8_dtype
 from te_torch._float8_tensor import Float8Tensor
+from te_torch._fused_kernels import QuantSpec
 from te_torch._ops import quant_config
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 
@@ -111,6 +112,16 @@ class Quantizer:
         """Quantizes ``src`` (broadcast to ``dst.shape``) into ``dst``'s buffers, in place."""
         raise NotImplementedError
 
+    def _fused_spec(self, eager: bool = True) -> QuantSpec:
+        """How a fused op (norm, activation, dbias) quantizes its output as this quantizer would.
+        ``eager`` False (tracing): no cached descriptors (they read data pointers)."""
+        raise NotImplementedError
+
+    def _wrap(self, rd, rs, cd, cs, shape: torch.Size, dtype: torch.dtype) -> QuantizedTensor:
+        """The quantized tensor of a fused op's output parts (None where absent), of the logical
+        ``shape`` and nominal high-precision ``dtype``."""
+        raise NotImplementedError
+
     def copy(self) -> Quantizer:
         raise NotImplementedError
 
@@ -175,6 +186,33 @@ class _PerTensorQuantizer(Quantizer):
             fp8_scale_inv=scale_inv,
             fp8_dtype=self.dtype,
             data_transpose=transpose,
+            quantizer=self._owner(),
+        )
+
+    def _fused_spec(self, eager: bool = True) -> QuantSpec:
+        return QuantSpec(
+            _PER_TENSOR,
+            self.dtype,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self._config,
+            self.amax,
+            self.scale,
+            self._amax_desc.get(self.amax) if eager else None,
+            self._scale_desc.get(self.scale) if eager else None,
+            self._compute_scale,
+            self._pow2,
+            self._eps,
+        )
+
+    def _wrap(self, rd, rs, cd, cs, shape, dtype) -> Float8Tensor:
+        return Float8Tensor(
+            shape=shape,
+            dtype=dtype,
+            data=rd if self.rowwise_usage else None,
+            fp8_scale_inv=rs if self.rowwise_usage else cs,
+            fp8_dtype=self.dtype,
+            data_transpose=cd if self.columnwise_usage else None,
             quantizer=self._owner(),
         )
 
@@ -398,15 +436,34 @@ class Float8BlockQuantizer(Quantizer):
         return rd, rs, cd, cs
 
     def _quantize(self, tensor: torch.Tensor) -> Float8BlockwiseQTensor:
-        rd, rs, cd, cs = self._run(tensor)
+        return self._wrap(*self._run(tensor), tensor.shape, tensor.dtype)
+
+    def _fused_spec(self, eager: bool = True) -> QuantSpec:
+        return QuantSpec(
+            self._mode,
+            self.dtype,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self._config,
+            None,
+            None,
+            None,
+            None,
+            False,
+            self.force_pow_2_scales,
+            self.amax_epsilon,
+        )
+
+    def _wrap(self, rd, rs, cd, cs, shape, dtype) -> Float8BlockwiseQTensor:
+        row, col = self.rowwise_usage, self.columnwise_usage
         return Float8BlockwiseQTensor(
-            shape=tensor.shape,
-            dtype=tensor.dtype,
+            shape=shape,
+            dtype=dtype,
             fp8_dtype=self.dtype,
-            rowwise_data=rd,
-            rowwise_scale_inv=rs,
-            columnwise_data=cd,
-            columnwise_scale_inv=cs,
+            rowwise_data=rd if row else None,
+            rowwise_scale_inv=rs if row else None,
+            columnwise_data=cd if col else None,
+            columnwise_scale_inv=cs if col else None,
             is_2D_scaled=self._mode == _BLOCK_2D,
             quantizer=self._owner(),
         )

@@ -37,6 +37,13 @@ class DelayedState:
         self.scale = torch.ones(n, dtype=torch.float32, device=device)
         self._descs = None
 
+    def __deepcopy__(self, memo) -> DelayedState:
+        new = DelayedState.__new__(DelayedState)
+        new.amax_history = self.amax_history.clone()
+        new.scale = self.scale.clone()
+        new._descs = None  # descriptors point at the original's buffers
+        return new
+
     def amax(self, i: int) -> torch.Tensor:
         """The [1] staging slot of role i (what a Float8Quantizer max-accumulates into)."""
         return self.amax_history[0, i : i + 1]

@@ -1,0 +1,180 @@
+"""te.LayerNormMLP forward+backward against the same block in plain torch BF16, ms and ratios.
+
+Problem (defaults): 16384 tokens, hidden 4096, ffn 16384, BF16 parameters and activations, with
+gelu (tanh) and swiglu (FC1 twice as wide). For each activation:
+  torch         nn.LayerNorm + nn.Linear + activation + nn.Linear, eager (the 1.00x reference)
+  torch_compile the same block under torch.compile (inductor)
+  te_bf16       te.LayerNormMLP outside te.autocast (te's norm / activation kernels, torch GEMMs)
+  te_delayed    te.LayerNormMLP under DelayedScaling (its amax/scale update included per step)
+  te_current    under Float8CurrentScaling
+  te_block      under Float8BlockScaling (1x128 inputs and grads, 128x128 weights)
+A step is forward, backward(dy), gradients dropped (set_to_none); timed with CUDA events around
+the Python calls, so host overhead counts (as GPU.md's TE figures), median of --iters after
+--warmup steps. TFLOP/s counts the three GEMMs of each layer forward and backward (6 * tokens *
+params of FC1 and FC2). A variant that fails reports its error and the run goes on.
+--json PATH writes every figure.
+
+    PYTHONPATH=packages/te-core/src:packages/te-torch/src python3 benchmarks/mlp.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
+
+import te_core._C as C  # noqa: E402
+import te_torch as te  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+RECIPES = {
+    "te_delayed": te.recipe.DelayedScaling,
+    "te_current": te.recipe.Float8CurrentScaling,
+    "te_block": te.recipe.Float8BlockScaling,
+}
+
+
+def time_ms(fn, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+class TorchMLP(torch.nn.Module):
+    """The plain-torch block: LayerNorm -> Linear -> gelu(tanh) / swiglu -> Linear."""
+
+    def __init__(self, hidden: int, ffn: int, act: str) -> None:
+        super().__init__()
+        self.act = act
+        fc1_out = 2 * ffn if act == "swiglu" else ffn
+        kw = {"device": "cuda", "dtype": torch.bfloat16}
+        self.ln = torch.nn.LayerNorm(hidden, **kw)
+        self.fc1 = torch.nn.Linear(hidden, fc1_out, **kw)
+        self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
+
+    def forward(self, x):
+        h = self.fc1(self.ln(x))
+        if self.act == "swiglu":
+            a, gate = h.chunk(2, dim=-1)
+            h = F.silu(a) * gate
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.fc2(h)
+
+
+def make_step(module, x, dy, recipe=None):
+    def step():
+        if recipe is None:
+            y = module(x)
+        else:
+            with te.autocast(recipe=recipe):
+                y = module(x)
+        y.backward(dy)
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return step
+
+
+def commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--ffn", type=int, default=16384)
+    ap.add_argument("--activations", default="gelu,swiglu")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not C.BUILT_WITH_CUDA:
+        print(
+            "benchmarks/mlp.py: needs a CUDA GPU and a CUDA build of te-core "
+            f"(torch.cuda.is_available()={torch.cuda.is_available()}, te_core built with CUDA="
+            f"{C.BUILT_WITH_CUDA})",
+            file=sys.stderr,
+        )
+        return 1
+    torch.manual_seed(0)
+    t, h, f = args.tokens, args.hidden, args.ffn
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}, torch {torch.__version__}; LayerNormMLP fwd+bwd, {t} tokens, {h} -> {f} -> {h}")
+    print(f"{'activation':10s} {'variant':14s} {'ms':>9s} {'TFLOP/s':>8s} {'vs torch':>8s}")
+    results = []
+    for act in args.activations.split(","):
+        fc1_out = 2 * f if act == "swiglu" else f
+        flops = 6.0 * t * (h * fc1_out + f * h)
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+
+        def te_mlp(act=act):
+            return te.LayerNormMLP(h, f, activation=act, params_dtype=torch.bfloat16, device="cuda")
+
+        variants = [("torch", lambda act=act: (TorchMLP(h, f, act), None))]
+        if not args.no_compile:
+            variants.append(("torch_compile", lambda act=act: (torch.compile(TorchMLP(h, f, act)), None)))
+        variants.append(("te_bf16", lambda mk=te_mlp: (mk(), None)))
+        variants += [(name, lambda mk=te_mlp, rcp=rcp: (mk(), rcp())) for name, rcp in RECIPES.items()]
+        ref_ms = None
+        for name, build in variants:
+            row = {"activation": act, "variant": name, "tokens": t, "hidden": h, "ffn": f}
+            try:
+                module, rcp = build()
+                ms = time_ms(make_step(module, x, dy, rcp), args.iters, args.warmup)
+            except Exception as e:  # noqa: BLE001 - report and go on to the next variant
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                results.append(row)
+                print(f"{act:10s} {name:14s} failed: {row['error']}", flush=True)
+                continue
+            finally:
+                module = None
+                torch.cuda.empty_cache()
+            if name == "torch":
+                ref_ms = ms
+            row.update(ms=ms, tflops=flops / ms / 1e9)
+            if ref_ms is not None:
+                row["speedup_vs_torch"] = ref_ms / ms
+            results.append(row)
+            ratio = f"{ref_ms / ms:7.2f}x" if ref_ms is not None else "     n/a"
+            print(f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {ratio}", flush=True)
+        del x, dy
+        torch.cuda.empty_cache()
+    if args.json:
+        meta = {
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "commit": commit(),
+            "iters": args.iters,
+            "warmup": args.warmup,
+        }
+        with open(args.json, "w") as fh:
+            json.dump({"meta": meta, "results": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

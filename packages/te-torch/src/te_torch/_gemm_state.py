@@ -1,0 +1,233 @@
+"""Per-GEMM recipe state of te's modules: quantizers, delayed-scaling state, extra_state.
+
+Every quantized GEMM of a module (Linear's one, LayerNormMLP's fc1 and fc2) owns a ``GemmState``:
+
+- ``FP8Context`` for the active recipe: the quantizers of its input, weight and grad-output
+  (built once per recipe, in the four usages), the split-accumulator flags of fprop / dgrad /
+  wgrad, the update keys, and the cached quantized weight (``is_first_microbatch``);
+- under DelayedScaling, two ``DelayedState`` (NUMERICS.md; TE's layout): forward amax_history
+  [L, 3] / scale [3] (input, weight, output) and backward [L, 2] / [2] (grad_output,
+  grad_input), fp32, created on first use;
+- its part of ``state_dict()``'s ``_extra_state``: a dict of plain tensors (``fwd_amax_history``,
+  ``fwd_scale``, ``bwd_amax_history``, ``bwd_scale``; empty before any delayed-scaling step), so
+  ``torch.load(..., weights_only=True)`` reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from te_core.recipe import Format
+
+from te_torch import _autocast
+from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
+from te_torch._recipe_state import DelayedState, recipe_key
+
+_E4M3, _E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FWD_ROLES, BWD_ROLES = 3, 2  # input, weight, output / grad_output, grad_input
+EXTRA_KEYS = ("fwd_amax_history", "fwd_scale", "bwd_amax_history", "bwd_scale")
+
+
+def _dtypes(fmt: Format) -> tuple[torch.dtype, torch.dtype]:
+    return _E4M3, (_E5M2 if fmt == Format.HYBRID else _E4M3)
+
+
+def _variants(q) -> tuple:
+    """``q`` in the four (rowwise, columnwise) usages, indexed ``2 * row + col`` (0 unused)."""
+    out = [None]
+    for row, col in ((False, True), (True, False), (True, True)):
+        v = q.copy()
+        v.set_usage(rowwise=row, columnwise=col)
+        out.append(v)
+    return tuple(out)
+
+
+def _splits(recipe) -> tuple[bool, bool, bool]:
+    return (
+        recipe.fp8_gemm_fprop.use_split_accumulator,
+        recipe.fp8_gemm_dgrad.use_split_accumulator,
+        recipe.fp8_gemm_wgrad.use_split_accumulator,
+    )
+
+
+class FP8Context:
+    """What one GEMM's quantized call reuses for one recipe: quantizers (built once), the GEMMs'
+    split-accumulator flags, the delayed-scaling states and their update keys, and the cached
+    quantized weight (``is_first_microbatch``). ``owner`` names the module in errors."""
+
+    __slots__ = (
+        "recipe",
+        "delayed",
+        "x_q",
+        "w_q",
+        "g_q",
+        "split",
+        "fwd",
+        "bwd",
+        "fwd_key",
+        "bwd_key",
+        "weight_cache",
+        "device",
+    )
+
+    def __init__(
+        self,
+        recipe,
+        device: torch.device,
+        fwd: DelayedState | None,
+        bwd: DelayedState | None,
+        group,
+        owner: str = "te.Linear",
+    ) -> None:
+        self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
+        self.delayed = recipe.delayed()
+        self.weight_cache = None
+        self.fwd_key = self.bwd_key = None
+        if self.delayed:
+            fdt, bdt = _dtypes(recipe.fp8_format)
+            x = Float8Quantizer(fwd.scale_of(0), fwd.amax(0), fdt)
+            w = Float8Quantizer(fwd.scale_of(1), fwd.amax(1), fdt)
+            g = Float8Quantizer(bwd.scale_of(0), bwd.amax(0), bdt)
+            self.fwd_key = recipe_key(recipe, False, group)
+            self.bwd_key = recipe_key(recipe, True, group)
+            self.split = (False, True, True)
+        elif recipe.float8_current_scaling():
+            fdt, bdt = _dtypes(recipe.fp8_format)
+
+            def cs(dtype, qp):
+                return Float8CurrentScalingQuantizer(
+                    dtype, device, force_pow_2_scales=qp.power_2_scale, amax_epsilon=qp.amax_epsilon
+                )
+
+            x, w = cs(fdt, recipe.fp8_quant_fwd_inp), cs(fdt, recipe.fp8_quant_fwd_weight)
+            g = cs(bdt, recipe.fp8_quant_bwd_grad)
+            self.split = _splits(recipe)
+        elif recipe.float8_block_scaling():
+
+            def bq(dim, qp):
+                return Float8BlockQuantizer(
+                    _E4M3,
+                    block_scaling_dim=dim,
+                    force_pow_2_scales=qp.power_2_scale,
+                    amax_epsilon=qp.amax_epsilon,
+                )
+
+            x = bq(recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp)
+            w = bq(recipe.w_block_scaling_dim, recipe.fp8_quant_fwd_weight)
+            g = bq(recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad)
+            self.split = _splits(recipe)
+        else:
+            raise NotImplementedError(
+                f"{owner}: {type(recipe).__name__} is not supported yet: te-core has no "
+                "MXFP8 / NVFP4 quantization (or custom quantizer factories) yet. Use "
+                "DelayedScaling, Float8CurrentScaling or Float8BlockScaling"
+            )
+        self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
+
+    def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
+        """The quantized weight: fresh (``first`` None: with the column-wise copy only when
+        dgrad needs it), quantized and cached (``first`` True, or no cache yet), or the cache."""
+        if first is None:
+            return self.w_q[2 + need_columnwise](weight)
+        if first or self.weight_cache is None:
+            self.weight_cache = self.w_q[3](weight)
+        return self.weight_cache
+
+    def register_forward(self) -> None:
+        if self.delayed:
+            _autocast.register_forward(self.fwd_key, self.recipe, self.fwd)
+
+    def register_backward(self) -> None:
+        if self.delayed:
+            _autocast.register_backward(self.bwd_key, self.recipe, self.bwd)
+
+
+class GemmState:
+    """The recipe state of one quantized GEMM of a module (see the module docstring)."""
+
+    __slots__ = ("ctx", "fwd", "bwd", "owner")
+
+    def __init__(self, owner: str) -> None:
+        self.ctx: FP8Context | None = None
+        self.fwd: DelayedState | None = None
+        self.bwd: DelayedState | None = None
+        self.owner = owner
+
+    def __deepcopy__(self, memo) -> GemmState:
+        """A copy with its own delayed-scaling buffers; the FP8Context (quantizers viewing the
+        original's buffers, the weight cache) is rebuilt on the copy's next quantized call."""
+        new = GemmState(self.owner)
+        new.fwd, new.bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
+        return new
+
+    def context(self, recipe, group, device: torch.device) -> FP8Context:
+        """The FP8Context for ``recipe`` (rebuilt when the recipe object or device changes)."""
+        c = self.ctx
+        if c is None or c.recipe is not recipe or c.device != device:
+            fwd = bwd = None
+            if recipe.delayed():
+                fwd, bwd = self.delayed_states(recipe.amax_history_len, device)
+            c = self.ctx = FP8Context(recipe, device, fwd, bwd, group, self.owner)
+        return c
+
+    def delayed_states(self, history_len: int, device) -> tuple[DelayedState, DelayedState]:
+        if self.fwd is None:
+            self.fwd = DelayedState(history_len, FWD_ROLES, device)
+            self.bwd = DelayedState(history_len, BWD_ROLES, device)
+        elif self.fwd.amax_history.shape[0] != history_len:
+            self.fwd.resize(history_len)
+            self.bwd.resize(history_len)
+            self.ctx = None  # its quantizers view the old buffers
+        return self.fwd, self.bwd
+
+    def adjust_amax_history_length(self, length: int, fwd: bool | None = None) -> None:
+        for st, is_fwd in ((self.fwd, True), (self.bwd, False)):
+            if st is not None and (fwd is None or fwd == is_fwd):
+                st.resize(length)
+        self.ctx = None
+
+    def calibrate(self, inp: torch.Tensor, weight: torch.Tensor, recipe, group) -> None:
+        """autocast(calibrating=True): record the input's and weight's amaxes (DelayedScaling)."""
+        if recipe is None or not recipe.delayed():
+            return
+        fwd, _ = self.delayed_states(recipe.amax_history_len, weight.device)
+        with torch.no_grad():
+            for i, t in ((0, inp), (1, weight)):
+                a = fwd.amax(i)
+                torch.maximum(a, t.detach().abs().amax().float().reshape(1), out=a)
+        _autocast.register_forward(recipe_key(recipe, False, group), recipe, fwd)
+
+    def to(self, device: torch.device) -> None:
+        """Moves the delayed-scaling buffers (after the module's parameters moved)."""
+        for st in (self.fwd, self.bwd):
+            if st is not None and st.scale.device != device:
+                st.amax_history, st.scale, st._descs = st.amax_history.to(device), st.scale.to(device), None
+        self.ctx = None
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        if self.fwd is None:
+            return {}
+        f, b = self.fwd, self.bwd
+        return dict(
+            zip(
+                EXTRA_KEYS,
+                (f.amax_history.clone(), f.scale.clone(), b.amax_history.clone(), b.scale.clone()),
+                strict=True,
+            )
+        )
+
+    def load(self, state: dict, device: torch.device, what: str) -> None:
+        """Restores ``extra_state()``'s dict (empty: no delayed-scaling state)."""
+        self.ctx = None
+        if not state:
+            self.fwd = self.bwd = None
+            return
+        missing = [k for k in EXTRA_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"{self.owner}: {what}: missing {missing}; expected the keys {list(EXTRA_KEYS)}")
+        self.fwd = DelayedState(state["fwd_amax_history"].shape[0], FWD_ROLES, device)
+        self.bwd = DelayedState(state["bwd_amax_history"].shape[0], BWD_ROLES, device)
+        for st, pre in ((self.fwd, "fwd"), (self.bwd, "bwd")):
+            st.amax_history.copy_(state[f"{pre}_amax_history"])
+            st.scale.copy_(state[f"{pre}_scale"])

@@ -1,0 +1,104 @@
+"""The high-precision building blocks of te's modules (outside ``te.autocast``, and te.LayerNorm /
+te.RMSNorm always): te's norm and activation kernels as autograd Functions, and the linear layer.
+
+The GEMM is torch's own F.linear (on CPU, MKL beats te's reference GEMM; te's CUDA GEMM will take
+over there once it is on by default), except that ``fuse_wgrad_accumulation`` sends the weight
+gradient into ``weight.main_grad``, as TE does outside FP8 too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from te_torch import _fused
+
+
+class MainGradLinear(torch.autograd.Function):
+    """High-precision y = x W^T + b whose weight gradient goes into ``weight.main_grad`` (fp32,
+    accumulated unless ``weight.overwrite_main_grad``) instead of ``weight.grad``."""
+
+    @staticmethod
+    def forward(ctx, inp, weight, bias):
+        w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
+        ctx.save_for_backward(inp, w)
+        ctx.weight = weight
+        ctx.has_bias = bias is not None
+        return F.linear(inp, w, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        inp, w = ctx.saved_tensors
+        weight = ctx.weight
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = dy2.t().float() @ inp.reshape(-1, inp.shape[-1]).float()
+        accumulate_main_grad(weight, dw)
+        dx = dy @ w if ctx.needs_input_grad[0] else None
+        db = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, None, db
+
+
+def accumulate_main_grad(weight: torch.Tensor, dw: torch.Tensor) -> None:
+    """dw into ``weight.main_grad`` (overwritten with ``weight.overwrite_main_grad``)."""
+    if getattr(weight, "overwrite_main_grad", False):
+        weight.main_grad.copy_(dw)
+    else:
+        weight.main_grad.add_(dw)
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+
+
+def linear(
+    inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fuse_wgrad: bool
+) -> torch.Tensor:
+    """inp W^T + b in inp's dtype (weight and bias cast to it)."""
+    if bias is not None and bias.dtype != inp.dtype:
+        bias = bias.to(inp.dtype)
+    if fuse_wgrad and weight.requires_grad and torch.is_grad_enabled():
+        return MainGradLinear.apply(inp, weight, bias)
+    w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
+    return F.linear(inp, w, bias)
+
+
+class NormFn(torch.autograd.Function):
+    """LayerNorm / RMSNorm over the last dim through te's kernels: forward te_*norm_fwd in x's
+    dtype, backward te_*norm_bwd (dx, dgamma, dbeta in one kernel)."""
+
+    @staticmethod
+    def forward(ctx, x, gamma, beta, rms: bool, eps: float, zero_centered_gamma: bool):
+        y, mu, rsigma = _fused.norm_fwd(x, gamma, beta, rms, eps, zero_centered_gamma)
+        ctx.save_for_backward(x, gamma, mu, rsigma)
+        ctx.cfg = (rms, zero_centered_gamma, beta is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gamma, mu, rsigma = ctx.saved_tensors
+        rms, zcg, has_beta = ctx.cfg
+        want_dbeta = has_beta and ctx.needs_input_grad[2]
+        dx, dgamma, dbeta = _fused.norm_bwd(dy, x, mu, rsigma, gamma, rms, zcg, want_dbeta)
+        return dx, dgamma, dbeta, None, None, None
+
+
+def norm(x, gamma, beta, rms: bool, eps: float, zero_centered_gamma: bool) -> torch.Tensor:
+    return NormFn.apply(x, gamma, beta, rms, eps, zero_centered_gamma)
+
+
+class ActivationFn(torch.autograd.Function):
+    """act(x) through te's activation kernels (te_activation ``kind``), x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, kind: int):
+        ctx.save_for_backward(x)
+        ctx.kind = kind
+        return _fused.activation_fwd(x, kind)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dx, _ = _fused.activation_bwd(dy, x, ctx.kind)
+        return dx, None
+
+
+def activation(x: torch.Tensor, kind: int) -> torch.Tensor:
+    return ActivationFn.apply(x, kind)

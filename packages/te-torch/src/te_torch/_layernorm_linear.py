@@ -1,0 +1,184 @@
+"""``te.LayerNormLinear``: a norm then a linear layer, fused (TE's module and names).
+
+Outside ``te.autocast`` it runs te's norm kernel and torch's F.linear in high precision. Inside,
+te_torch._layernorm_linear_fn.LayerNormLinearFn has the norm kernel write the GEMM's quantized
+input (both copies) directly, then runs the quantized GEMMs as te.Linear does (same recipes,
+quantizers, delayed-scaling state, weight cache, main_grad fusion and ``_extra_state`` format).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from te_torch import _autocast
+from te_torch._availability import default_device
+from te_torch._gemm_state import GemmState
+from te_torch._high_precision import linear, norm
+from te_torch._layernorm_linear_fn import LayerNormLinearFn
+from te_torch._linear import linear_params, register_linear_params, reset_linear_params
+from te_torch._module_base import (
+    FLOAT_DTYPES,
+    UNSUPPORTED_KWARGS,
+    QuantizedModule,
+    bad_input,
+    check_eps,
+    check_normalization,
+    check_params_dtype,
+    check_size,
+    register_norm_params,
+    reject_kwargs,
+    reject_parallel,
+    reset_norm_params,
+    split_sizes,
+)
+
+__all__ = ["LayerNormLinear"]
+
+_STATE = _autocast.STATE
+
+
+class LayerNormLinear(QuantizedModule):
+    """TE's ``LayerNormLinear``: ``y = norm(x) W^T + b`` for x [..., in_features].
+
+    Args:
+        in_features, out_features: sizes of the last dimension of input and output.
+        eps: the norm's epsilon (default 1e-5).
+        normalization: ``"LayerNorm"`` (parameters ``layer_norm_weight``, ``layer_norm_bias``,
+            [in_features]) or ``"RMSNorm"`` (``layer_norm_weight`` only).
+        zero_centered_gamma: the norm's scale is ``1 + layer_norm_weight`` (which starts at 0).
+        return_layernorm_output: also return the norm's output (high precision, x's dtype).
+        bias, return_bias, params_dtype, device, init_method, fuse_wgrad_accumulation,
+        parameters_split, name: as ``te.Linear`` (parameters ``weight`` [out, in], ``bias``).
+    ``forward`` returns ``out``, then ``bias`` if ``return_bias``, then the norm output if
+    ``return_layernorm_output`` (a tuple when more than one). Tensor/sequence parallelism,
+    userbuffers and delayed wgrad are not implemented yet (NotImplementedError).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        *,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group=None,
+        tp_size: int = 1,
+        get_rng_state_tracker=None,
+        init_method=None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        parameters_split=None,
+        zero_centered_gamma: bool = False,
+        device=None,
+        name: str | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        owner = "LayerNormLinear"
+        gathered = {"return_layernorm_output_gathered": return_layernorm_output_gathered}
+        reject_kwargs(owner, {**kwargs, **gathered}, (*UNSUPPORTED_KWARGS, *gathered))
+        reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
+        check_size(owner, "in_features", in_features)
+        check_size(owner, "out_features", out_features)
+        self.eps = check_eps(owner, eps)
+        self._rms = check_normalization(owner, normalization)
+        params_dtype = check_params_dtype(owner, params_dtype)
+        device = default_device() if device is None else torch.device(device)
+        self.in_features, self.out_features = in_features, out_features
+        self.normalization = normalization
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.init_method, self.name = init_method, name
+        self.params_dtype = params_dtype
+        self._split = split_sizes(owner, parameters_split, out_features)
+        if self._split is not None and self.fuse_wgrad_accumulation:
+            raise NotImplementedError(
+                f"{owner}: fuse_wgrad_accumulation with parameters_split is not implemented yet"
+            )
+        register_norm_params(self, in_features, self._rms, params_dtype, device)
+        register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
+        self._gemm = GemmState("te.LayerNormLinear")
+        self._gemms = {"gemm": self._gemm}
+        self.reset_parameters()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Norm weight ones (zeros with zero_centered_gamma) and bias zeros; weight from
+        ``init_method`` (default normal(0, 0.023)), bias zero."""
+        if defer_init:
+            return
+        reset_norm_params(self)
+        reset_linear_params(self)
+        self._gemm.ctx = None
+
+    def _state_device(self) -> torch.device:
+        return getattr(self, self._weight_names[0]).device
+
+    @property
+    def _fwd_state(self):
+        return self._gemm.fwd
+
+    @property
+    def _bwd_state(self):
+        return self._gemm.bwd
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}, "
+            f"normalization={self.normalization}, eps={self.eps}"
+        )
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ):
+        """``norm(inp) W^T + b``; quantized inside te.autocast. See the class docstring.
+
+        is_first_microbatch: as ``te.Linear`` (None: quantize the weight every call; True:
+            quantize and cache it; False: reuse the cache).
+        fp8_output / fp8_grad: not implemented yet (NotImplementedError).
+        """
+        if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
+            bad_input("LayerNormLinear", inp, self.in_features)
+        if fp8_output or fp8_grad:
+            raise NotImplementedError("LayerNormLinear: fp8_output / fp8_grad are not implemented in te yet")
+        weight, bias = linear_params(self)
+        gemm_bias = None if self.return_bias else bias
+        ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
+        s = _STATE
+        if s.fp8:
+            c = self._gemm.ctx
+            if c is None or c.recipe is not s.recipe or c.device != weight.device:
+                c = self._gemm.context(s.recipe, s.group, weight.device)
+            if c.delayed:
+                _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
+            res = LayerNormLinearFn.apply(
+                inp,
+                ln_w,
+                ln_b,
+                weight,
+                gemm_bias,
+                c,
+                is_first_microbatch,
+                self.fuse_wgrad_accumulation,
+                (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output),
+            )
+            out, ln_out = res if self.return_layernorm_output else (res, None)
+        else:
+            ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
+            if s.calibrating:
+                self._gemm.calibrate(ln_out, weight, s.recipe, s.group)
+            out = linear(ln_out, weight, gemm_bias, self.fuse_wgrad_accumulation)
+        if self.return_bias:
+            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
+        return (out, ln_out) if self.return_layernorm_output else out

@@ -1,0 +1,93 @@
+"""The quantized LayerNormLinear as an autograd Function.
+
+Forward:
+
+    lnq, mu, rsigma = norm(x)   the norm kernel writes the GEMM's quantized input directly:
+                                row-wise (fprop) + column-wise (wgrad) copies, no separate cast
+    wq  = quantize(w)           or the cached copy (is_first_microbatch)
+    y   = gemm(lnq, wq) (+ bias)
+
+With ``return_layernorm_output`` the norm output is also returned in high precision, so the norm
+runs in x's dtype and its output is quantized afterwards (as TE does).
+
+Backward (LinearFn's, then the norm's):
+
+    gq, db = dbias_quantize(dy)          one pass: the copies dgrad / wgrad read + the bias grad
+    dln    = gemm_dgrad(gq, wq)  (+ the gradient of the returned norm output)
+    dw     = gemm_wgrad(gq, lnq)  (or += into weight.main_grad)
+    dx, dgamma, dbeta = norm_bwd(dln, x, mu, rsigma, gamma)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from te_torch import _fused
+from te_torch._gemm_state import FP8Context
+from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
+from te_torch.functional import gemm, gemm_dgrad
+
+
+class LayerNormLinearFn(torch.autograd.Function):
+    """(y) or (y, ln_out): see the module docstring. ``cfg`` = (rms, eps, zero_centered_gamma,
+    return_layernorm_output)."""
+
+    @staticmethod
+    def forward(ctx, inp, ln_w, ln_b, weight, bias, c: FP8Context, first, fuse_wgrad: bool, cfg: tuple):
+        rms, eps, zcg, return_ln = cfg
+        need_dln = any_requires_grad(inp, ln_w, ln_b)
+        need_dw = weight.requires_grad
+        xq_q = c.x_q[2 + need_dw]
+        ln_out = None
+        if return_ln:
+            ln_out, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg)
+            lnq = xq_q(ln_out)
+        else:
+            lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, xq_q)
+        wq = c.weight(weight, first, need_dln)
+        if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
+            bias = bias.to(inp.dtype)
+        out = gemm(lnq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
+        ctx.save_for_backward(
+            inp if need_dln else None,
+            ln_w if need_dln else None,
+            mu if need_dln else None,
+            rsigma if need_dln else None,
+            lnq if need_dw else None,
+            wq if need_dln else None,
+        )
+        ctx.set_materialize_grads(False)
+        ctx.c, ctx.fuse, ctx.cfg = c, fuse_wgrad, cfg
+        ctx.weight = weight if fuse_wgrad else None
+        ctx.w_dtype = weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.has_ln_bias = ln_b is not None
+        return (out, ln_out) if return_ln else out
+
+    @staticmethod
+    def backward(ctx, dy, d_ln_out=None):
+        c = ctx.c
+        rms, _, zcg, _ = ctx.cfg
+        need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]
+        need_dln = need_dx or need_dlnw or need_dlnb
+        inp, ln_w, mu, rsigma, lnq, wq = ctx.saved_tensors
+        dx = dlnw = dlnb = dw = db = None
+        dln = None
+        if dy is not None:
+            if not dy.is_contiguous():
+                dy = dy.contiguous()
+            if need_dln or need_dw:
+                gq, db = quantize_grad(c, dy, need_dln, need_dw, ctx.b_dtype if need_db else None)
+                if need_dln:
+                    dln = gemm_dgrad(gq, wq, out_dtype=dy.dtype, use_split_accumulator=c.split[1])
+                if need_dw:
+                    dw = wgrad(c, gq, lnq, ctx.weight, ctx.fuse, ctx.w_dtype)
+            elif need_db:
+                db = column_sums(dy, ctx.b_dtype)
+        if d_ln_out is not None and need_dln:
+            dln = d_ln_out if dln is None else dln + d_ln_out
+        if dln is not None:
+            with_dbeta = ctx.has_ln_bias and need_dlnb
+            dx, dlnw, dlnb = _fused.norm_bwd(dln, inp, mu, rsigma, ln_w, rms, zcg, with_dbeta)
+            dx, dlnw = (dx if need_dx else None), (dlnw if need_dlnw else None)
+        return dx, dlnw, dlnb, dw, db, None, None, None, None

@@ -1,0 +1,215 @@
+"""``te.LayerNormMLP``: norm -> FC1 -> activation -> FC2 (TE's module and names).
+
+Outside ``te.autocast`` it runs te's norm and activation kernels with torch's F.linear in high
+precision. Inside, te_torch._layernorm_mlp_fn.LayerNormMLPFn fuses each step's output with the
+quantization the next GEMM needs (the norm writes FC1's FP8 input, the activation writes FC2's;
+in backward the activation's gradient is FC1's quantized grad-output plus FC1's bias gradient).
+FC1 and FC2 each have their own recipe state (_gemm_state.GemmState), saved in ``_extra_state``
+as ``{"fc1": ..., "fc2": ...}``.
+
+Gated activations (``geglu``, ``reglu``, ``swiglu``, ``qgeglu``, ``sreglu``, ``glu``) double FC1's
+output: fc1_weight is [2 * ffn_hidden_size, hidden_size], its first half feeds the activation
+and its second half is the linear gate (TE's layout, so TE checkpoints keep their meaning).
+"""
+
+from __future__ import annotations
+
+import torch
+from te_core._ops import ACTIVATIONS
+
+from te_torch import _autocast
+from te_torch._availability import default_device
+from te_torch._gemm_state import GemmState
+from te_torch._high_precision import activation, linear, norm
+from te_torch._layernorm_mlp_fn import LayerNormMLPFn
+from te_torch._module_base import (
+    FLOAT_DTYPES,
+    UNSUPPORTED_KWARGS,
+    QuantizedModule,
+    bad_input,
+    check_eps,
+    check_normalization,
+    check_params_dtype,
+    check_size,
+    init_weight,
+    register_norm_params,
+    reject_kwargs,
+    reject_parallel,
+    reset_norm_params,
+)
+
+__all__ = ["LayerNormMLP"]
+
+_STATE = _autocast.STATE
+_NAMES = ", ".join(repr(n) for n in ACTIVATIONS)
+
+
+def activation_kind(owner: str, name) -> int:
+    """TE's activation name -> te_activation."""
+    if name == "clamped_swiglu":
+        raise NotImplementedError(f"{owner}: activation='clamped_swiglu' is not implemented in te yet")
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise ValueError(f"{owner}: activation: expected one of {_NAMES}, got {name!r}")
+    return ACTIVATIONS[name]
+
+
+class LayerNormMLP(QuantizedModule):
+    """TE's ``LayerNormMLP``: ``y = act(norm(x) W1^T + b1) W2^T + b2`` for x [..., hidden_size].
+
+    Args:
+        hidden_size: input and output size; ffn_hidden_size: the activation's width.
+        eps, normalization (``"LayerNorm"`` / ``"RMSNorm"``), zero_centered_gamma: the norm's,
+            as ``te.LayerNormLinear`` (parameters ``layer_norm_weight``, ``layer_norm_bias``).
+        activation: one of ``gelu`` (tanh approximation), ``relu``, ``silu``, ``qgelu``
+            (x * sigmoid(1.702 x)), ``srelu`` (relu squared), and the gated ``geglu``, ``reglu``,
+            ``swiglu``, ``qgeglu``, ``sreglu``, ``glu`` (sigmoid gate), whose FC1 is twice as wide.
+        bias: FC1 and FC2 biases (``fc1_bias``, ``fc2_bias``; zeros). Weights ``fc1_weight``
+            [(2 *) ffn_hidden_size, hidden_size] and ``fc2_weight`` [hidden_size,
+            ffn_hidden_size] start from ``init_method`` / ``output_layer_init_method`` (default
+            normal(0, 0.023), TE's).
+        return_bias: return fc2_bias instead of adding it; return_layernorm_output: also return
+            the norm's output (high precision). ``forward`` returns ``out``, then the bias, then
+            the norm output (a tuple when more than one).
+        fuse_wgrad_accumulation: both weight gradients go into ``fc*_weight.main_grad``, as in
+            ``te.Linear``.
+        params_dtype, device, name: as ``te.Linear``. seq_length / micro_batch_size (TE's
+            userbuffer sizes) are accepted and unused.
+    Tensor/sequence parallelism (``set_parallel_mode``), userbuffers, delayed wgrad,
+    ``checkpoint`` (selective recompute) and ``clamped_swiglu`` are not implemented yet
+    (NotImplementedError).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        eps: float = 1e-5,
+        *,
+        sequence_parallel: bool = False,
+        return_bias: bool = False,
+        get_rng_state_tracker=None,
+        tp_group=None,
+        tp_size: int = 1,
+        init_method=None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        activation: str = "gelu",
+        activation_params: dict | None = None,
+        output_layer_init_method=None,
+        fuse_wgrad_accumulation: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_layernorm_output: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        set_parallel_mode: bool = False,
+        zero_centered_gamma: bool = False,
+        device=None,
+        checkpoint: bool = False,
+        name: str | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        owner = "LayerNormMLP"
+        accepted = (*UNSUPPORTED_KWARGS, "checkpoint", "return_layernorm_output_gathered")
+        reject_kwargs(owner, {**kwargs, "checkpoint": checkpoint}, accepted)
+        reject_parallel(owner, sequence_parallel, tp_size, tp_group, set_parallel_mode)
+        check_size(owner, "hidden_size", hidden_size)
+        check_size(owner, "ffn_hidden_size", ffn_hidden_size)
+        self.eps = check_eps(owner, eps)
+        self._rms = check_normalization(owner, normalization)
+        self._kind = activation_kind(owner, activation)
+        if activation_params is not None:
+            raise NotImplementedError(
+                f"{owner}: activation_params is only used by clamped_swiglu, which te does not implement yet"
+            )
+        params_dtype = check_params_dtype(owner, params_dtype)
+        device = default_device() if device is None else torch.device(device)
+        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.normalization, self.activation = normalization, activation
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.init_method, self.output_layer_init_method = init_method, output_layer_init_method
+        self.params_dtype, self.name = params_dtype, name
+        fc1_out = 2 * ffn_hidden_size if self._kind >= 100 else ffn_hidden_size
+
+        def param(*shape):
+            return torch.nn.Parameter(torch.empty(shape, dtype=params_dtype, device=device))
+
+        register_norm_params(self, hidden_size, self._rms, params_dtype, device)
+        self.fc1_weight = param(fc1_out, hidden_size)
+        self.fc1_bias = param(fc1_out) if bias else None
+        self.fc2_weight = param(hidden_size, ffn_hidden_size)
+        self.fc2_bias = param(hidden_size) if bias else None
+        self._fc1, self._fc2 = GemmState("te.LayerNormMLP"), GemmState("te.LayerNormMLP")
+        self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
+        self.reset_parameters()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Norm weight ones (zeros with zero_centered_gamma), norm bias zeros; FC weights from
+        init_method / output_layer_init_method (default normal(0, 0.023)), FC biases zero."""
+        if defer_init:
+            return
+        reset_norm_params(self)
+        init_weight(self.fc1_weight, self.init_method)
+        init_weight(self.fc2_weight, self.output_layer_init_method)
+        with torch.no_grad():
+            for b in (self.fc1_bias, self.fc2_bias):
+                if b is not None and b.device.type != "meta":
+                    b.zero_()
+        self._fc1.ctx = self._fc2.ctx = None
+
+    def _state_device(self) -> torch.device:
+        return self.fc1_weight.device
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+            f"activation={self.activation}, normalization={self.normalization}, bias={self.use_bias}"
+        )
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
+        """The MLP of ``inp`` [..., hidden_size]; quantized inside te.autocast. See the class
+        docstring. is_first_microbatch: as ``te.Linear``, for both weights."""
+        if inp.shape[-1] != self.hidden_size or inp.dtype not in FLOAT_DTYPES:
+            bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
+        ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
+        w1, b1, w2, b2 = self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias
+        gemm_b2 = None if self.return_bias else b2
+        fuse = self.fuse_wgrad_accumulation
+        s = _STATE
+        if s.fp8:
+            c1, c2 = self._fc1.ctx, self._fc2.ctx
+            if c1 is None or c2 is None or c1.recipe is not s.recipe or c1.device != w1.device:
+                c1 = self._fc1.context(s.recipe, s.group, w1.device)
+                c2 = self._fc2.context(s.recipe, s.group, w1.device)
+            if c1.delayed:
+                _autocast.register_forward(c1.fwd_key, c1.recipe, c1.fwd)
+                _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
+            res = LayerNormMLPFn.apply(
+                inp,
+                ln_w,
+                ln_b,
+                w1,
+                b1,
+                w2,
+                gemm_b2,
+                c1,
+                c2,
+                is_first_microbatch,
+                fuse,
+                (self._rms, self.eps, self.zero_centered_gamma, self._kind, self.return_layernorm_output),
+            )
+            out, ln_out = res if self.return_layernorm_output else (res, None)
+        else:
+            ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
+            if s.calibrating:
+                self._fc1.calibrate(ln_out, w1, s.recipe, s.group)
+            act = activation(linear(ln_out, w1, b1, fuse), self._kind)
+            if s.calibrating:
+                self._fc2.calibrate(act, w2, s.recipe, s.group)
+            out = linear(act, w2, gemm_b2, fuse)
+        if self.return_bias:
+            return (out, b2, ln_out) if self.return_layernorm_output else (out, b2)
+        return (out, ln_out) if self.return_layernorm_output else out

@@ -1,0 +1,194 @@
+"""What te's GEMM modules (Linear, LayerNormLinear, LayerNormMLP) share: argument checks, the
+TE-named weight/bias parameters, and the recipe state of their GEMMs (``QuantizedModule``).
+
+``_extra_state`` (``state_dict()``): a module with one GEMM saves that GEMM's dict
+(_gemm_state.EXTRA_KEYS, Linear's format); a module with several saves ``{gemm name: dict}``
+(LayerNormMLP: ``{"fc1": ..., "fc2": ...}``). Only plain tensors in dicts, so
+``torch.load(..., weights_only=True)`` reads a checkpoint; empty dicts before any
+delayed-scaling step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from te_torch._gemm_state import GemmState
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+UNSUPPORTED_KWARGS = (
+    "ub_overlap_ag",
+    "ub_overlap_rs",
+    "ub_overlap_rs_dgrad",
+    "ub_bulk_dgrad",
+    "ub_bulk_wgrad",
+    "ub_name",
+    "symmetric_ar_type",
+    "delay_wgrad_compute",
+    "save_original_input",
+)
+
+
+def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPORTED_KWARGS) -> None:
+    """TE arguments te does not implement: unknown names are a TypeError, known ones set to a
+    true value a NotImplementedError naming them (False / None / 0 are TE's defaults)."""
+    for key, value in kwargs.items():
+        if key not in accepted:
+            raise TypeError(f"{owner}: unexpected keyword argument {key!r}")
+        if value:
+            raise NotImplementedError(f"{owner}: {key}={value!r} is not implemented in te yet")
+
+
+def reject_parallel(owner: str, sequence_parallel, tp_size, tp_group, parallel_mode) -> None:
+    if sequence_parallel or tp_size != 1 or tp_group is not None or parallel_mode:
+        raise NotImplementedError(
+            f"{owner}: tensor/sequence parallelism (tp_group, tp_size, parallel_mode / "
+            "set_parallel_mode, sequence_parallel) is not implemented in te yet"
+        )
+
+
+def check_size(owner: str, arg: str, v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
+    return v
+
+
+def check_params_dtype(owner: str, params_dtype) -> torch.dtype:
+    params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+    if params_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{owner}: params_dtype: expected float32, bfloat16 or float16, got {params_dtype}")
+    return params_dtype
+
+
+def check_eps(owner: str, eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 <= eps < float("inf")):
+        raise ValueError(f"{owner}: eps: expected a finite float >= 0, got {eps!r}")
+    return float(eps)
+
+
+def bad_input(owner: str, inp, features: int, what: str = "in_features") -> None:
+    """Raises the error for an input whose dtype or last dimension is wrong."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"{owner}: inp: expected a torch.Tensor, got {type(inp).__name__}")
+    if inp.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{owner}: inp: expected float32, bfloat16 or float16 (the output and the GEMMs use "
+            f"the input's dtype), got {inp.dtype}; cast it, e.g. inp.to(torch.bfloat16)"
+        )
+    raise ValueError(
+        f"{owner}: inp: expected the last dimension to be {what}={features}, got shape "
+        f"{tuple(inp.shape)}; reshape the input to [..., {features}]"
+    )
+
+
+def split_sizes(owner: str, split, out_features: int) -> dict[str, int] | None:
+    """TE's parameters_split: a tuple of names (equal parts) or a dict name -> size."""
+    if split is None:
+        return None
+    if isinstance(split, dict):
+        sizes = {str(k): int(v) for k, v in split.items()}
+    else:
+        names = tuple(split)
+        if not names or out_features % len(names):
+            raise ValueError(
+                f"{owner}: parameters_split: {len(names)} names do not divide out_features="
+                f"{out_features}; pass a dict name -> size"
+            )
+        sizes = dict.fromkeys((str(n).rstrip("_") for n in names), out_features // len(names))
+    if sum(sizes.values()) != out_features:
+        raise ValueError(
+            f"{owner}: parameters_split: sizes {list(sizes.values())} sum to "
+            f"{sum(sizes.values())}, expected out_features={out_features}"
+        )
+    return {k.rstrip("_"): v for k, v in sizes.items()}
+
+
+def init_weight(w: torch.Tensor, init_method) -> None:
+    """``init_method(w)``, or TE's default normal(0, 0.023); meta tensors are left alone."""
+    if w.device.type == "meta":
+        return
+    with torch.no_grad():
+        if init_method is not None:
+            init_method(w)
+        else:
+            w.normal_(0.0, 0.023)
+
+
+class QuantizedModule(torch.nn.Module):
+    """Base of the modules with quantized GEMMs: ``self._gemms`` maps each GEMM's name to its
+    GemmState. Subclasses set ``_gemms`` and ``_state_device()``."""
+
+    _gemms: dict[str, GemmState]
+
+    def _state_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def adjust_amax_history_length(self, length: int, fwd: bool | None = None) -> None:
+        """Changes the DelayedScaling history length (keeps the newest rows), as TE's."""
+        for g in self._gemms.values():
+            g.adjust_amax_history_length(length, fwd)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        dev = self._state_device()
+        for g in self._gemms.values():
+            g.to(dev)
+        return out
+
+    def get_extra_state(self) -> dict:
+        """DelayedScaling state as plain tensors (see the module docstring)."""
+        if len(self._gemms) == 1:
+            return next(iter(self._gemms.values())).extra_state()
+        states = {name: g.extra_state() for name, g in self._gemms.items()}
+        return states if any(states.values()) else {}
+
+    def set_extra_state(self, state) -> None:
+        owner = type(self).__name__
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            state = {}
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{owner}: _extra_state: expected a dict of tensors written by te.{owner}, got "
+                f"{type(state).__name__} (a Transformer Engine checkpoint's pickled FP8 metadata "
+                "is not read; drop the _extra_state keys to start from fresh scales)"
+            )
+        dev = self._state_device()
+        if len(self._gemms) == 1:
+            next(iter(self._gemms.values())).load(state, dev, "_extra_state")
+            return
+        unknown = set(state) - set(self._gemms)
+        if unknown:
+            raise ValueError(
+                f"{owner}: _extra_state: unexpected keys {sorted(unknown)}; expected a dict with "
+                f"one entry per GEMM {list(self._gemms)}"
+            )
+        for name, g in self._gemms.items():
+            g.load(state.get(name, {}), dev, f"_extra_state[{name!r}]")
+
+
+_NORMALIZATIONS = {"LayerNorm": False, "RMSNorm": True}
+
+
+def check_normalization(owner: str, normalization) -> bool:
+    """TE's ``normalization`` argument -> whether it is RMSNorm."""
+    if normalization not in _NORMALIZATIONS:
+        raise ValueError(f"{owner}: normalization: expected 'LayerNorm' or 'RMSNorm', got {normalization!r}")
+    return _NORMALIZATIONS[normalization]
+
+
+def register_norm_params(module, hidden: int, rms: bool, params_dtype, device) -> None:
+    """TE's ``layer_norm_weight`` [hidden] and, for LayerNorm, ``layer_norm_bias`` [hidden]."""
+    module.layer_norm_weight = torch.nn.Parameter(torch.empty(hidden, dtype=params_dtype, device=device))
+    module.layer_norm_bias = (
+        None if rms else torch.nn.Parameter(torch.empty(hidden, dtype=params_dtype, device=device))
+    )
+
+
+def reset_norm_params(module) -> None:
+    """layer_norm_weight ones (zeros with zero_centered_gamma), layer_norm_bias zeros."""
+    w, b = module.layer_norm_weight, module.layer_norm_bias
+    if w.device.type == "meta":
+        return
+    with torch.no_grad():
+        w.fill_(0.0 if module.zero_centered_gamma else 1.0)
+        if b is not None:
+            b.zero_()

@@ -1,0 +1,170 @@
+"""te.LayerNorm / RMSNorm / LayerNormLinear / LayerNormMLP on CUDA against the same modules on the
+CPU backend (the reference): identical parameters and inputs, each recipe, fp32 and bf16, two
+steps so delayed scaling runs on updated scales.
+
+Tolerances (normwise relative error): the norm and activation kernels reduce in another order on
+CUDA, so their fp32 results agree to fp32 rounding, not bit for bit (te/normalization.h,
+te/activation.h): high precision 1e-5 (fp32) / 1e-2 (bf16). Under FP8 an fp32-rounding
+difference can move a value across an FP8 rounding boundary (one element one FP8 step), which
+moves a GEMM's result by ~1e-3 normwise at these sizes: 5e-3 (fp32) / 1e-2 (bf16), and the
+delayed-scaling state to fp32 rounding (rtol 1e-6) since amaxes of fused outputs come from
+those values.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified.
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
+
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+te = pytest.importorskip("te_torch")
+recipe = te.recipe
+CUDA = torch.device("cuda")
+RECIPES = {
+    "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),
+    "current": recipe.Float8CurrentScaling,
+    "block": recipe.Float8BlockScaling,
+}
+
+
+def relerr(got, ref):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def randomize(m):
+    """Non-trivial parameters (norm weights around 1, biases non-zero), the same on any device."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            v = torch.randn(p.shape, generator=g)
+            if "layer_norm_weight" in name or (
+                name == "weight" and isinstance(m, (te.LayerNorm, te.RMSNorm))
+            ):
+                v = 1 + 0.3 * v
+            elif "weight" in name:
+                v = v * (0.15 if "fc" in name else 0.05)
+            else:
+                v = 0.3 * v
+            p.copy_(v.to(p.dtype))
+
+
+def step(m, x, dy, r):
+    """(out, dx, grads of every parameter...) of one step on m's device."""
+    x = x.to(next(m.parameters()).device).clone().requires_grad_(True)
+    with te.autocast(enabled=r is not None, recipe=r):
+        y = m(x)
+    y.backward(dy.to(x.device))
+    out = [y.detach(), x.grad] + [p.grad for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    return out
+
+
+def compare(cpu, gpu, shape, out_features, dtype, r, tol):
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
+        dy = torch.randn(*shape[:-1], out_features, generator=g).to(dtype)
+        want = step(cpu, x, dy, r)
+        got = step(gpu, x, dy, r)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            if b is None:  # a gradient that went into main_grad
+                assert a is None, i
+                continue
+            assert a.is_cuda and a.dtype == b.dtype and a.shape == b.shape, i
+            assert relerr(a, b) <= tol, (i, relerr(a, b))
+
+
+def compare_state(gpu, cpu):
+    for gg, gc in zip(gpu._gemms.values(), cpu._gemms.values(), strict=True):
+        for sg, sc in ((gg.fwd, gc.fwd), (gg.bwd, gc.bwd)):
+            assert torch.allclose(sg.amax_history.cpu(), sc.amax_history, rtol=1e-6, atol=0)
+            assert torch.allclose(sg.scale.cpu(), sc.scale, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("zcg", [False, True], ids=["gamma", "zero_centered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
+def test_norm_cuda_matches_cpu(cls, dtype, zcg):
+    cpu = getattr(te, cls)(1000, zero_centered_gamma=zcg, dtype=dtype, device="cpu")
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    compare(cpu, gpu, (3, 77, 1000), 1000, dtype, None, 1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_layernorm_linear_cuda_matches_cpu(name, dtype, norm):
+    r = RECIPES[name]()
+    cpu = te.LayerNormLinear(384, 256, normalization=norm, params_dtype=dtype, device="cpu")
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    compare(cpu, gpu, (2, 48, 384), 256, dtype, r, 5e-3 if dtype == torch.float32 else 1e-2)
+    if r.delayed():
+        compare_state(gpu, cpu)
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
+    r = RECIPES[name]()
+    cpu = te.LayerNormMLP(256, 512, activation=act, params_dtype=dtype, device="cpu")
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    compare(cpu, gpu, (2, 48, 256), 256, dtype, r, 5e-3 if dtype == torch.float32 else 1e-2)
+    if r.delayed():
+        compare_state(gpu, cpu)
+
+
+@pytest.mark.parametrize(
+    "act", ["gelu", "relu", "silu", "qgelu", "srelu", "geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu"]
+)
+def test_layernorm_mlp_high_precision_cuda_matches_cpu(act):
+    cpu = te.LayerNormMLP(256, 384, activation=act, normalization="RMSNorm", device="cpu")
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    compare(cpu, gpu, (96, 256), 256, torch.float32, None, 1e-5)
+
+
+def test_main_grad_accumulation_cuda_matches_cpu():
+    r = recipe.Float8CurrentScaling()
+    cpu = te.LayerNormMLP(
+        256, 256, activation="swiglu", fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16, device="cpu"
+    )
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    for m, dev in ((cpu, "cpu"), (gpu, CUDA)):
+        m.fc1_weight.main_grad = torch.zeros(m.fc1_weight.shape, device=dev)
+        m.fc2_weight.main_grad = torch.zeros(m.fc2_weight.shape, device=dev)
+    compare(cpu, gpu, (64, 256), 256, torch.bfloat16, r, 1e-2)
+    assert gpu.fc1_weight.grad is None
+    assert relerr(gpu.fc1_weight.main_grad, cpu.fc1_weight.main_grad) <= 5e-3
+    assert relerr(gpu.fc2_weight.main_grad, cpu.fc2_weight.main_grad) <= 5e-3
+
+
+def test_compiled_layernorm_linear_on_cuda_matches_eager():
+    torch._dynamo.reset()
+    r = recipe.Float8CurrentScaling()
+    m = te.LayerNormLinear(256, 256, params_dtype=torch.bfloat16, device=CUDA)
+    randomize(m)
+
+    def fwd(x):
+        with te.autocast(recipe=r):
+            return m(x)
+
+    cfwd = torch.compile(fwd, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 32, 256, device=CUDA, dtype=torch.bfloat16)
+    want = fwd(x)  # eager first: the module builds its quantizers outside the trace (as Linear)
+    assert torch.equal(cfwd(x), want)
+
+
+def test_default_device_is_cuda():
+    assert te.LayerNormMLP(64, 128).fc1_weight.is_cuda
+    assert te.RMSNorm(64).weight.is_cuda

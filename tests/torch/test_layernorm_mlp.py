@@ -1,0 +1,400 @@
+"""te.LayerNormMLP on CPU: te's activation kernels against the fp32 torch formulas, their fused
+FP8 outputs and bias gradients, the module in high precision against torch modules (tight),
+each recipe against the emulated reference (tight) and fp32 torch (loose), gated widths,
+main_grad, the two GEMMs' _extra_state, torch.compile, errors."""
+
+import copy
+import io
+
+import pytest
+import te_torch as te
+import torch
+import torch.nn.functional as F
+from _module_ref import (
+    E4M3,
+    E5M2,
+    GATED,
+    RECIPES,
+    act32,
+    deq,
+    gemm_scales,
+    norm32,
+    ref_quantizers,
+    rel,
+    te_act32,
+    te_act_bwd32,
+    te_norm32,
+)
+from te_core._ops import ACTIVATIONS
+from te_torch import _fused, recipe
+from te_torch.functional import gemm, gemm_dgrad
+
+ALL = list(ACTIVATIONS)
+H, FFN = 64, 128
+
+
+def make(act="gelu", dtype=torch.float32, norm="LayerNorm", **kw):
+    torch.manual_seed(0)
+    m = te.LayerNormMLP(H, FFN, activation=act, normalization=norm, params_dtype=dtype, device="cpu", **kw)
+    with torch.no_grad():  # non-trivial norm parameters and biases; weights large enough that
+        # the activation sees values beyond its linear region
+        m.layer_norm_weight.normal_(0.0 if m.zero_centered_gamma else 1.0, 0.3)
+        if m.layer_norm_bias is not None:
+            m.layer_norm_bias.normal_(0, 0.3)
+        m.fc1_weight.normal_(0, 0.15)
+        m.fc2_weight.normal_(0, 0.1)
+        for b in (m.fc1_bias, m.fc2_bias):
+            if b is not None:
+                b.normal_(0, 0.5)
+    return m
+
+
+def data(shape, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
+    return x, torch.randn(shape, generator=g).to(dtype)
+
+
+def params(m):
+    return [m.layer_norm_weight, m.layer_norm_bias, m.fc1_weight, m.fc1_bias, m.fc2_weight, m.fc2_bias]
+
+
+NAMES = ("y", "dx", "dln_weight", "dln_bias", "dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias")
+
+
+def run(m, x, dy, r=None):
+    x = x.detach().clone().requires_grad_(True)
+    with te.autocast(enabled=r is not None, recipe=r):
+        y = m(x)
+    y.backward(dy)
+    grads = [None if p is None else p.grad for p in params(m)]
+    m.zero_grad(set_to_none=True)
+    return (y.detach(), x.grad, *grads)
+
+
+def fp32_reference(m, x, dy):
+    """The module's math in fp32 torch (F.layer_norm, F.linear, the activation formulas)."""
+    leaves = [None if p is None else p.detach().float().requires_grad_(True) for p in params(m)]
+    lw, lb, w1, b1, w2, b2 = leaves
+    x32 = x.detach().float().clone().requires_grad_(True)
+    ln = norm32(x32, lw, lb, m.normalization == "RMSNorm", m.eps, m.zero_centered_gamma)
+    y = F.linear(act32(F.linear(ln, w1, b1), m.activation), w2, b2)
+    y.backward(dy.float())
+    return (y.detach(), x32.grad, *[None if p is None else p.grad for p in leaves])
+
+
+def emulate(m, r, x, dy, s1=(None, None), s2=(None, None)):
+    """The quantized step, GEMM by GEMM (NUMERICS.md's emulated reference): each quantized
+    operand is te's quantizer applied to the fp32 result of te's kernel that the module fuses
+    the quantization into (norm, activation, activation backward); the intermediate GEMMs whose
+    output gets quantized again (FC1's fprop, FC2's dgrad) are te's own GEMM on those operands,
+    so both sides quantize the same values; the checked products are fp32 torch on dequantized
+    operands, and the norm backward is fp32 torch autograd. s1 / s2: FC1's / FC2's delayed
+    scales (gemm_scales)."""
+    rms = m.normalization == "RMSNorm"
+    lw = m.layer_norm_weight.detach()
+    lb = None if m.layer_norm_bias is None else m.layer_norm_bias.detach()
+    w1, w2 = m.fc1_weight.detach(), m.fc2_weight.detach()
+    b1 = None if m.fc1_bias is None else m.fc1_bias.detach()
+    b2 = None if m.fc2_bias is None else m.fc2_bias.detach()
+    split = (
+        (False, True)
+        if r.delayed()
+        else (r.fp8_gemm_fprop.use_split_accumulator, r.fp8_gemm_dgrad.use_split_accumulator)
+    )
+    qx1, qw1, qg1 = ref_quantizers(r, *s1)
+    qx2, qw2, qg2 = ref_quantizers(r, *s2)
+    ln32 = te_norm32(x, lw, lb, rms, m.eps, m.zero_centered_gamma)
+    x1q, w1q = qx1(ln32), qw1(w1)
+    h = gemm(x1q, w1q, bias=b1, out_dtype=x.dtype, use_split_accumulator=split[0])
+    a32 = te_act32(h, m.activation)
+    aq, w2q, g2q = qx2(a32), qw2(w2), qg2(dy)
+    y = aq.dequantize(dtype=torch.float32) @ deq(qw2, w2, True).T + (0 if b2 is None else b2.float())
+    da = gemm_dgrad(g2q, w2q, out_dtype=x.dtype, use_split_accumulator=split[1])
+    dh32 = te_act_bwd32(da, h, m.activation)
+    n = w2.shape[0]
+    dw2 = deq(qg2, dy, False).reshape(-1, n).T @ deq(qx2, a32, False).reshape(-1, w2.shape[1])
+    db2 = dy.float().reshape(-1, n).sum(0)
+    dln = deq(qg1, dh32, True) @ deq(qw1, w1, False)
+    dw1 = deq(qg1, dh32, False).reshape(-1, w1.shape[0]).T @ deq(qx1, ln32, False).reshape(-1, H)
+    db1 = dh32.reshape(-1, w1.shape[0]).sum(0)
+    x32 = x.detach().float().clone().requires_grad_(True)
+    lw32 = lw.float().requires_grad_(True)
+    lb32 = None if lb is None else lb.float().requires_grad_(True)
+    norm32(x32, lw32, lb32, rms, m.eps, m.zero_centered_gamma).backward(dln)
+    db1, db2 = (None if b1 is None else db1), (None if b2 is None else db2)
+    return (y, x32.grad, lw32.grad, None if lb32 is None else lb32.grad, dw1, db1, dw2, db2)
+
+
+def check(got, want, tol, dtype):
+    for g, w, what in zip(got, want, NAMES, strict=True):
+        assert (g is None) == (w is None), what
+        if w is not None:
+            assert g.dtype == dtype and g.shape == w.shape, what
+            assert rel(g, w) <= tol, (what, rel(g, w))
+
+
+# -- the activation kernels -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_activation_kernels_match_fp32_formulas(name):
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(32, 2 * FFN, generator=g) * 3
+    grad = torch.randn(32, FFN if name in GATED else 2 * FFN, generator=g)
+    hr = h.clone().requires_grad_(True)
+    want = act32(hr, name)
+    want.backward(grad)
+    assert rel(te_act32(h, name), want) <= 1e-6
+    assert rel(te_act_bwd32(grad, h, name), hr.grad) <= 1e-6
+    out, db = _fused.activation_bwd(grad, h, ACTIVATIONS[name], None, torch.float32)
+    assert rel(out, hr.grad) <= 1e-6 and rel(db, hr.grad.sum(0)) <= 1e-6
+
+
+QUANTIZERS = {
+    "delayed": lambda dt: te.Float8Quantizer(torch.tensor([2.0]), torch.tensor([0.25]), dt),
+    "current": lambda dt: te.Float8CurrentScalingQuantizer(dt),
+    "block": lambda dt: te.Float8BlockQuantizer(dt, block_scaling_dim=1),
+}
+
+
+def same_bits(got, want):
+    """Equal data copies and dequantized values (block scales' padding is never written);
+    ``want`` was quantized from fp32, so only its nominal dtype differs."""
+    assert type(got) is type(want) and got.shape == want.shape
+    names = (
+        ("_data", "_transpose") if isinstance(got, te.Float8Tensor) else ("_rowwise_data", "_columnwise_data")
+    )
+    for n in names:
+        a, b = getattr(got, n), getattr(want, n)
+        assert (a is None) == (b is None), n
+        if a is not None:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
+    assert torch.equal(got.dequantize(dtype=torch.float32), want.dequantize(dtype=torch.float32))
+
+
+@pytest.mark.parametrize("qname", list(QUANTIZERS))
+@pytest.mark.parametrize("name", ["gelu", "srelu", "swiglu", "glu"])
+def test_fused_activation_outputs_are_fp32_result_then_quantize(name, qname):
+    g = torch.Generator().manual_seed(3)
+    h = (torch.randn(48, 2 * FFN, generator=g) * 3).bfloat16()
+    grad = torch.randn(48, FFN if name in GATED else 2 * FFN, generator=g).bfloat16()
+    kind = ACTIVATIONS[name]
+    qf, qr = QUANTIZERS[qname](E4M3), QUANTIZERS[qname](E4M3)
+    same_bits(_fused.activation_fwd(h, kind, qf), qr(te_act32(h, name)))
+    if hasattr(qr, "amax"):
+        assert torch.equal(qf.amax, qr.amax) and torch.equal(qf.scale, qr.scale)
+    qf, qr = QUANTIZERS[qname](E5M2), QUANTIZERS[qname](E5M2)
+    dx, db = _fused.activation_bwd(grad, h, kind, qf, torch.float32)
+    dx32 = te_act_bwd32(grad, h, name)
+    same_bits(dx, qr(dx32))
+    assert db.dtype == torch.float32 and rel(db, dx32.double().sum(0)) <= 1e-6
+    qf, qr = QUANTIZERS[qname](E5M2), QUANTIZERS[qname](E5M2)
+    gq, db = _fused.dbias_quantize(grad, qf, torch.bfloat16)
+    same_bits(gq, qr(grad))
+    assert db.dtype == torch.bfloat16 and rel(db, grad.double().sum(0)) <= 2**-8
+
+
+# -- the module -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_high_precision_matches_torch_modules(name):
+    m = make(name)
+    ln, fc1, fc2 = (
+        torch.nn.LayerNorm(H, eps=m.eps),
+        torch.nn.Linear(H, m.fc1_weight.shape[0]),
+        torch.nn.Linear(FFN, H),
+    )
+    with torch.no_grad():
+        ln.weight.copy_(m.layer_norm_weight)
+        ln.bias.copy_(m.layer_norm_bias)
+        fc1.weight.copy_(m.fc1_weight)
+        fc1.bias.copy_(m.fc1_bias)
+        fc2.weight.copy_(m.fc2_weight)
+        fc2.bias.copy_(m.fc2_bias)
+    assert m.fc1_weight.shape == ((2 * FFN if name in GATED else FFN), H)  # gated: twice as wide
+    x, dy = data((2, 16, H), torch.float32)
+    got = run(m, x, dy)
+    xt = x.clone().requires_grad_(True)
+    yt = fc2(act32(fc1(ln(xt)), name))
+    yt.backward(dy)
+    want = (
+        yt.detach(),
+        xt.grad,
+        ln.weight.grad,
+        ln.bias.grad,
+        fc1.weight.grad,
+        fc1.bias.grad,
+        fc2.weight.grad,
+        fc2.bias.grad,
+    )
+    check(got, want, 1e-5, torch.float32)
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rname", list(RECIPES))
+def test_recipes_match_emulated_and_fp32_reference(rname, dtype, act, norm):
+    r = RECIPES[rname]()
+    m = make(act, dtype, norm)
+    x, dy = data((2, 16, H), dtype)
+    if r.delayed():  # a first step sets the scales the checked (second) step uses
+        run(m, x * 0.7, dy * 0.7, r)
+        assert (m._fc2.fwd.scale[:2] != 1).all() and (m._fc1.bwd.scale[:1] != 1).all()
+    s1, s2 = gemm_scales(m._fc1), gemm_scales(m._fc2)
+    got = run(m, x, dy, r)
+    check(got, emulate(m, r, x, dy, s1, s2), 1e-5 if dtype == torch.float32 else 1e-2, dtype)
+    want = fp32_reference(m, x, dy)
+    grad_tol = 0.2 if r.fp8_format == recipe.Format.HYBRID else 0.1
+    assert rel(got[0], want[0]) <= 0.1
+    for g, w, what in zip(got[1:], want[1:], NAMES[1:], strict=True):
+        if w is not None:
+            assert rel(g, w) <= grad_tol, (what, rel(g, w))
+    assert rel(got[0], want[0]) > 1e-4  # it really was quantized
+
+
+def test_zero_centered_gamma_and_no_bias():
+    m = make("relu", bias=False, zero_centered_gamma=True)
+    assert m.fc1_bias is None and m.fc2_bias is None
+    assert [n for n, _ in m.named_parameters()] == [
+        "layer_norm_weight",
+        "layer_norm_bias",
+        "fc1_weight",
+        "fc2_weight",
+    ]
+    assert torch.equal(
+        te.LayerNormMLP(H, FFN, zero_centered_gamma=True, device="cpu").layer_norm_weight, torch.zeros(H)
+    )
+    x, dy = data((32, H), torch.float32, seed=4)
+    check(run(m, x, dy), fp32_reference(m, x, dy), 1e-5, torch.float32)
+    r = recipe.Float8CurrentScaling()
+    check(run(m, x, dy, r), emulate(m, r, x, dy), 1e-5, torch.float32)
+
+
+def test_return_bias_and_layernorm_output():
+    m = make("gelu", return_bias=True, return_layernorm_output=True)
+    x, _ = data((32, H), torch.float32, seed=5)
+    ln_hp = te_norm32(x, m.layer_norm_weight.detach(), m.layer_norm_bias.detach(), False, m.eps, False)
+    for r in (None, recipe.Float8BlockScaling()):
+        with te.autocast(enabled=r is not None, recipe=r):
+            out, b, ln = m(x)
+        assert b is m.fc2_bias and torch.equal(ln, ln_hp)
+        full = make("gelu")(x)  # the same parameters with the bias added
+        assert rel(out + b, full) <= (1e-6 if r is None else 0.1)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["high_precision", "current"])
+def test_fuse_wgrad_accumulation_into_main_grad(fp8):
+    r = recipe.Float8CurrentScaling() if fp8 else None
+    m, ref = make("swiglu", fuse_wgrad_accumulation=True), make("swiglu")
+    m.fc1_weight.main_grad = torch.full(m.fc1_weight.shape, 0.5)
+    m.fc2_weight.main_grad = torch.full(m.fc2_weight.shape, -0.5)
+    x, dy = data((32, H), torch.float32, seed=6)
+    got, want = run(m, x, dy, r), run(ref, x, dy, r)
+    assert got[4] is None and got[6] is None  # both weight gradients went into main_grad
+    assert rel(m.fc1_weight.main_grad, 0.5 + want[4]) <= 1e-6
+    assert rel(m.fc2_weight.main_grad, -0.5 + want[6]) <= 1e-6
+    for i in (0, 1, 2, 3, 5, 7):
+        assert torch.equal(got[i], want[i]), NAMES[i]
+
+
+def test_extra_state_has_one_entry_per_gemm_and_round_trips():
+    r = recipe.DelayedScaling(amax_history_len=3)
+    m = make("geglu")
+    assert m.get_extra_state() == {}
+    x, dy = data((32, H), torch.float32, seed=7)
+    for s in range(2):
+        run(m, x * (s + 1), dy, r)
+    sd = m.state_dict()
+    assert set(sd["_extra_state"]) == {"fc1", "fc2"}
+    for gemm_state in sd["_extra_state"].values():
+        assert set(gemm_state) == {"fwd_amax_history", "fwd_scale", "bwd_amax_history", "bwd_scale"}
+        assert gemm_state["fwd_amax_history"].shape == (3, 3)
+    assert not torch.equal(sd["_extra_state"]["fc1"]["fwd_scale"], sd["_extra_state"]["fc2"]["fwd_scale"])
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    fresh = te.LayerNormMLP(H, FFN, activation="geglu", device="cpu")
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    a, b = run(copy.deepcopy(m), x, dy, r), run(fresh, x, dy, r)
+    for g, w in zip(a, b, strict=True):
+        assert torch.equal(g, w)  # the restored state reproduces the next step bit for bit
+    with pytest.raises(
+        ValueError,
+        match=r"_extra_state: unexpected keys \['fc3'\]; expected a dict with one entry per GEMM \['fc1', 'fc2'\]",
+    ):
+        fresh.set_extra_state({"fc3": {}})
+
+
+@pytest.mark.parametrize("name", ["current", "block"])
+def test_compile_fullgraph_matches_eager(name):
+    torch._dynamo.reset()
+    r = RECIPES[name]()
+    m = make("swiglu")
+
+    def step(x):
+        with te.autocast(recipe=r):
+            return m(x)
+
+    cstep = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x, dy = data((2, 16, H), torch.float32, seed=8)
+    want = run(m, x, dy, r)
+    xc = x.clone().requires_grad_(True)
+    yc = cstep(xc)
+    yc.backward(dy)
+    got = (yc.detach(), xc.grad, *[p.grad for p in params(m)])
+    for g, w, what in zip(got, want, NAMES, strict=True):
+        assert torch.equal(g, w), what
+
+
+def test_bad_arguments_say_what_is_expected():
+    with pytest.raises(
+        ValueError, match=r"LayerNormMLP: activation: expected one of 'gelu', 'relu', .*'glu', got 'gelu_new'"
+    ):
+        te.LayerNormMLP(8, 16, activation="gelu_new", device="cpu")
+    with pytest.raises(NotImplementedError, match=r"activation='clamped_swiglu' is not implemented"):
+        te.LayerNormMLP(8, 16, activation="clamped_swiglu", device="cpu")
+    with pytest.raises(NotImplementedError, match=r"activation_params is only used by clamped_swiglu"):
+        te.LayerNormMLP(8, 16, activation_params={"limit": 7.0}, device="cpu")
+    with pytest.raises(NotImplementedError, match=r"checkpoint=True is not implemented"):
+        te.LayerNormMLP(8, 16, checkpoint=True, device="cpu")
+    with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
+        te.LayerNormMLP(8, 16, set_parallel_mode=True, device="cpu")
+    with pytest.raises(ValueError, match=r"ffn_hidden_size: expected an int >= 1, got -4"):
+        te.LayerNormMLP(8, -4, device="cpu")
+    with pytest.raises(
+        TypeError, match=r"params_dtype: expected float32, bfloat16 or float16, got torch.int32"
+    ):
+        te.LayerNormMLP(8, 16, params_dtype=torch.int32, device="cpu")
+    m = te.LayerNormMLP(H, FFN, device="cpu")
+    with pytest.raises(
+        ValueError, match=r"hidden_size=64, got shape \(4, 32\); reshape the input to \[..., 64\]"
+    ):
+        m(torch.randn(4, 32))
+    with pytest.raises(TypeError, match=r"inp: expected float32, bfloat16 or float16 .* got torch.float64"):
+        m(torch.randn(4, H, dtype=torch.float64))
+    with (
+        te.autocast(recipe=recipe.NVFP4BlockScaling()),
+        pytest.raises(NotImplementedError, match="te.LayerNormMLP: NVFP4BlockScaling is not supported yet"),
+    ):
+        m(torch.randn(4, H))
+
+
+def test_calibration_records_each_gemm_input_and_weight():
+    """autocast(enabled=False, calibrating=True): high precision, while FC1 records the norm
+    output's and fc1_weight's amaxes and FC2 the activation output's and fc2_weight's; the
+    scales are fp8_max / amax after the region."""
+    m = make("srelu")
+    x, _ = data((32, H), torch.float32, seed=10)
+    r = recipe.DelayedScaling(amax_history_len=2)
+    with te.autocast(enabled=False, calibrating=True, recipe=r):
+        y = m(x)
+    assert torch.equal(y, m(x))  # not quantized
+    ln = te_norm32(x, m.layer_norm_weight.detach(), m.layer_norm_bias.detach(), False, m.eps, False)
+    act = te_act32(F.linear(ln, m.fc1_weight.detach(), m.fc1_bias.detach()), "srelu")
+    for state, inp, w in ((m._fc1, ln, m.fc1_weight), (m._fc2, act, m.fc2_weight)):
+        amax = torch.stack([inp.abs().max(), w.detach().abs().max()])
+        assert torch.allclose(state.fwd.amax_history[1, :2], amax, rtol=1e-6)  # rolled to row 1
+        assert torch.allclose(state.fwd.scale[:2], 448.0 / amax, rtol=1e-6)
