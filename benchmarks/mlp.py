@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import te_core._C as C  # noqa: E402
-import te_torch as te  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import te_core._C as C
+import te_torch as te
+import torch
+import torch.nn.functional as F
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,

@@ -14,12 +14,8 @@ those values.
 from __future__ import annotations
 
 import copy
-import os
 
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified.
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch")
 te = pytest.importorskip("te_torch")
