@@ -429,7 +429,7 @@ BWD_COMBOS = [
     ("float32", "bfloat16", "bfloat16", "bfloat16", "float32"),
     ("float16", "float32", "float16", "float32", "float32"),
 ]
-# Fused path with 1, 2 and 4 chunks (16-bit: up to H = 16384; fp32: 8192) and several rows per
+# Fused path with 1, 2 and 4 chunks (up to H = 16384) and several rows per
 # CTA (H <= 256); the generic path for longer rows (and for x and dz of different dtypes).
 BWD_SHAPES = [
     (1, 1),

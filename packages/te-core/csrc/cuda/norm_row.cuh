@@ -57,14 +57,19 @@ void dispatch_chunks(int chunks, F&& f) {
   }
 }
 
-// sm_count() * resident CTAs per SM of kKernel at `threads` (cached per kernel and size).
+// sm_count() * resident CTAs per SM of kKernel at `threads` with `smem` bytes of dynamic shared
+// memory (a function of `threads` for each kernel; cached per kernel and thread count).
 template <auto kKernel>
-int64_t resident_ctas(int threads) {
+int64_t resident_ctas(int threads, size_t smem = 0) {
   static std::atomic<int> cache[kMaxThreads / 32 + 1] = {};
   const int slot = threads / 32;
   int n = cache[slot].load(std::memory_order_relaxed);
   if (n == 0) {
-    n = blocks_per_sm(kKernel, threads, 1);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem) != cudaSuccess ||
+        n <= 0) {
+      (void)cudaGetLastError();
+      n = 1;
+    }
     cache[slot].store(n, std::memory_order_relaxed);
   }
   return static_cast<int64_t>(n) * sm_count();

@@ -11,9 +11,9 @@
 // the same bits.
 //
 // Paths:
-//   fused      dz and x of one dtype and the row fits in registers (H <= 16384 for 16-bit,
-//              8192 for fp32): one kernel reads dz and x once, writes dx, and keeps each column's
-//              dgamma/dbeta partial sums in registers over its row range.
+//   fused      dz and x of one dtype and H <= 16384 (the row in registers: 512 threads x up to
+//              4 chunks of 8): one kernel reads dz and x once, writes dx, and keeps each column's
+//              dgamma/dbeta partial sums in shared memory over its row range.
 //   generic    any other case (longer rows, dz and x of different dtypes): a dx kernel that
 //              re-reads the row from L2 for its second pass, then a column kernel that reads dz
 //              and x again for the partial sums. Correct everywhere, slower.
@@ -96,30 +96,52 @@ __device__ __forceinline__ RowPtrs row_ptrs(const BwdParams& p, int64_t base) {
 
 // ---- fused path -----------------------------------------------------------------------------
 
-// 16-bit dz/x with 4 chunks run at up to 512 threads (128 registers: 32 of row data, 64 of
-// partial sums); fp32 data at 4 chunks needs more, so at most 256 threads.
+// Adds 8 values into 8 consecutive floats of shared memory (two 16-byte accesses).
+__device__ __forceinline__ void add8(float* acc, const float (&v)[8]) {
+  float4* a = reinterpret_cast<float4*>(acc);
+  float4 lo = a[0], hi = a[1];
+  lo.x = __fadd_rn(lo.x, v[0]);
+  lo.y = __fadd_rn(lo.y, v[1]);
+  lo.z = __fadd_rn(lo.z, v[2]);
+  lo.w = __fadd_rn(lo.w, v[3]);
+  hi.x = __fadd_rn(hi.x, v[4]);
+  hi.y = __fadd_rn(hi.y, v[5]);
+  hi.z = __fadd_rn(hi.z, v[6]);
+  hi.w = __fadd_rn(hi.w, v[7]);
+  a[0] = lo;
+  a[1] = hi;
+}
+
+// The dgamma/dbeta partial sums live in shared memory, not registers: [2][Y][X * 8 * kChunks]
+// floats, each thread reading and writing only its own columns (no barrier needed), so the
+// registers hold just the row data and the CTA count per SM is not cut by 2 * H accumulators
+// per CTA in the register file. 16-bit rows of up to 16384 run at 512 threads x 4 chunks.
+// Two CTAs of 512 threads per SM (64 registers) where the row data allows: 16-bit rows of up to
+// 2 chunks per thread.
 template <typename T, int kChunks>
-constexpr int kBwdBound = (sizeof(T) == 4 && kChunks == 4) ? 256 : kMaxThreads;
+constexpr int kBwdMinBlocks = (sizeof(T) == 2 && kChunks <= 2) ? 2 : 1;
 
 template <typename T, int kChunks, bool kDbeta>
-__global__ void __launch_bounds__(kBwdBound<T, kChunks>) norm_bwd_kernel(const BwdParams p) {
-  extern __shared__ float combine[];  // Y > 1: [2][Y][X * 8 * kChunks] partials of each row group
+__global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_bwd_kernel(const BwdParams p) {
+  extern __shared__ float4 acc_smem[];
   __shared__ float red[kMaxThreads / 32 * 2];
   const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
+  const int width = X * 8 * kChunks;
+  float* acc_g = reinterpret_cast<float*>(acc_smem) + ty * width;  // this row group's dgamma
+  float* acc_b = acc_g + Y * width;                                 // and dbeta
   const int64_t cols = p.cols;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t last = min(p.rows, first + p.rows_per_cta);
   const float n = static_cast<float>(cols);
-  constexpr int kDb = kDbeta ? kChunks : 1;
-  float dg[kChunks][8], db[kDb][8];
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) dg[j][k] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kDb; ++j)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) db[j][k] = 0.0f;
+  for (int j = 0; j < kChunks; ++j) {
+    float4* g4 = reinterpret_cast<float4*>(acc_g + (j * X + t) * 8);
+    g4[0] = g4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kDbeta) {
+      float4* b4 = reinterpret_cast<float4*>(acc_b + (j * X + t) * 8);
+      b4[0] = b4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
 
   for (int64_t r0 = first; r0 < last; r0 += Y) {
     const int64_t row = r0 + ty;
@@ -143,18 +165,21 @@ __global__ void __launch_bounds__(kBwdBound<T, kChunks>) norm_bwd_kernel(const B
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = static_cast<int64_t>(j * X + t) * 8;
       const int valid = live ? norm::chunk_valid(cols, c) : 0;
-      float g[8];
+      float g[8], pg[8], pb[8];
       norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        if (k < valid) {
-          const float dy = vd[j].get(k);
-          const Grad d = grad_at(p, vx[j].get(k), dy, g[k], mu, rs);
-          sums[0] = __fadd_rn(sums[0], d.dxhat);
-          sums[1] = __fmaf_rn(d.dxhat, d.xhat, sums[1]);
-          dg[j][k] = __fmaf_rn(dy, d.xhat, dg[j][k]);
-          if constexpr (kDbeta) db[j][k] = __fadd_rn(db[j][k], dy);
-        }
+        const float dy = vd[j].get(k);
+        const Grad d = grad_at(p, vx[j].get(k), dy, g[k], mu, rs);
+        const bool in = k < valid;
+        sums[0] = __fadd_rn(sums[0], in ? d.dxhat : 0.0f);
+        sums[1] = __fmaf_rn(in ? d.dxhat : 0.0f, d.xhat, sums[1]);
+        pg[k] = in ? __fmul_rn(dy, d.xhat) : 0.0f;
+        pb[k] = dy;  // 0 outside the row
+      }
+      if (valid > 0) {
+        add8(acc_g + (j * X + t) * 8, pg);
+        if constexpr (kDbeta) add8(acc_b + (j * X + t) * 8, pb);
       }
     }
     norm::row_sum(sums, red);
@@ -168,41 +193,26 @@ __global__ void __launch_bounds__(kBwdBound<T, kChunks>) norm_bwd_kernel(const B
     }
   }
 
-  // Row groups (Y > 1) combine in group order, then row group 0 writes the CTA's partial row.
-  const int width = X * 8 * kChunks;
-  if (Y > 1) {
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int i = (j * X + t) * 8 + k;
-        combine[ty * width + i] = dg[j][k];
-        if constexpr (kDbeta) combine[(Y + ty) * width + i] = db[j][k];
-      }
-    __syncthreads();
-    if (ty == 0) {
-      for (int y = 1; y < Y; ++y) {
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j)
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const int i = (j * X + t) * 8 + k;
-            dg[j][k] = __fadd_rn(dg[j][k], combine[y * width + i]);
-            if constexpr (kDbeta) db[j][k] = __fadd_rn(db[j][k], combine[(Y + y) * width + i]);
-          }
-      }
-    }
-  }
+  // Row groups (Y > 1) are added in group order by row group 0, which writes the CTA's partial row.
+  if (Y > 1) __syncthreads();
   if (ty != 0) return;
-  float* dg_out = p.dgamma_part + static_cast<int64_t>(blockIdx.x) * cols;
   const bool vec = cols % 4 == 0;  // partial rows start 16-byte aligned (scratch is 256-aligned)
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int64_t c = static_cast<int64_t>(j * X + t) * 8;
     const int valid = norm::chunk_valid(cols, c);
-    norm::store8(dg_out + c, dg[j], valid, vec);
-    if constexpr (kDbeta) {
-      norm::store8(p.dbeta_part + static_cast<int64_t>(blockIdx.x) * cols + c, db[j], valid, vec);
+    if (valid == 0) continue;
+    const int i = (j * X + t) * 8;
+    for (int half = 0; half < (kDbeta ? 2 : 1); ++half) {
+      const float* a = (half == 0 ? acc_g : acc_b) + i;
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        v[k] = a[k];
+        for (int y = 1; y < Y; ++y) v[k] = __fadd_rn(v[k], a[y * width + k]);
+      }
+      float* part = half == 0 ? p.dgamma_part : p.dbeta_part;
+      norm::store8(part + static_cast<int64_t>(blockIdx.x) * cols + c, v, valid, vec);
     }
   }
 }
@@ -343,29 +353,28 @@ void reduce_partials(const NormBwdArgs& a, const float* dg_part, const float* db
   check_launch("reduce_partials_kernel");
 }
 
-// The fused path's layout: as in the forward, with norm_bwd_kernel's thread bounds; 8 chunks
-// (more partial sums than registers) never.
+// The fused path's layout: the fewest chunks (1, 2, 4) with at most 512 threads per row.
 template <typename T>
 norm::RowLayout fused_layout(int64_t cols) {
-  return norm::choose_layout(
-      cols,
-      [](int k) {
-        if (k == 8) return 0;
-        return k < 4 ? 256 : (sizeof(T) == 2 ? kMaxThreads : 256);
-      },
-      kMaxThreads);
+  return norm::choose_layout(cols, [](int k) { return k == 8 ? 0 : kMaxThreads; }, kMaxThreads);
 }
 
 template <typename T, int kChunks, bool kDbeta>
 void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
                   cudaStream_t stream) {
   const int threads = layout.threads * layout.rows;
-  const size_t smem =
-      layout.rows > 1 ? 2 * sizeof(float) * static_cast<size_t>(threads) * 8 * kChunks : 0;
+  const size_t smem = (kDbeta ? 2 : 1) * sizeof(float) * static_cast<size_t>(threads) * 8 * kChunks;
+  static std::atomic<size_t> opted_in{0};  // dynamic shared memory above 48 KB needs an opt-in
+  if (smem > opted_in.load(std::memory_order_relaxed)) {
+    check_cuda(cudaFuncSetAttribute(norm_bwd_kernel<T, kChunks, kDbeta>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "norm_bwd_kernel: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    opted_in.store(smem, std::memory_order_relaxed);
+  }
   // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
   // busy.
   const int64_t groups = ceil_div(a.rows, layout.rows);
-  int64_t ctas = norm::resident_ctas<norm_bwd_kernel<T, kChunks, kDbeta>>(threads);
+  int64_t ctas = norm::resident_ctas<norm_bwd_kernel<T, kChunks, kDbeta>>(threads, smem);
   if (ctas > groups) ctas = groups;
   p.rows_per_cta = ceil_div(a.rows, ctas);
   ctas = ceil_div(a.rows, p.rows_per_cta);
