@@ -67,6 +67,26 @@ struct FwdParams {
   float amax_epsilon;
 };
 
+// sq + the sum of (x - mu)^2 over the chunk's `valid` elements (mu is +0 for RMSNorm, and x - 0
+// is x bit for bit). Whole chunks, all but the last of a row, skip the per-element masks.
+template <typename T>
+__device__ __forceinline__ float add_squares(float sq, const Raw8<T>& v, float mu, int valid) {
+  if (valid == 8) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float d = __fsub_rn(v.get(k), mu);
+      sq = __fmaf_rn(d, d, sq);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float d = __fsub_rn(v.get(k), mu);
+      if (k < valid) sq = __fmaf_rn(d, d, sq);
+    }
+  }
+  return sq;
+}
+
 template <typename T, int kOut, int kFmt, int kChunks>
 __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p) {
   __shared__ float red[kMaxThreads / 32];
@@ -111,7 +131,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p
     if (p.beta != nullptr) norm::load8(p.beta, p.beta_dtype, c, valid, p.gb_vec, b);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float xhat = p.rms ? __fmul_rn(v.get(k), rs) : __fmul_rn(__fsub_rn(v.get(k), mu), rs);
+      const float xhat = __fmul_rn(__fsub_rn(v.get(k), mu), rs);
       y[k] = __fmul_rn(xhat, p.zero_centered ? __fadd_rn(1.0f, g[k]) : g[k]);
       if (p.beta != nullptr) y[k] = __fadd_rn(y[k], b[k]);
     }
@@ -123,7 +143,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         r.w[k] = __float_as_uint(y[k]);
-        if (k < valid) m = max(m, abs_bits(y[k]));
+        if (valid == 8 || k < valid) m = max(m, abs_bits(y[k]));
       }
       uint8_t* dst = static_cast<uint8_t*>(p.out) + base + c;
       if constexpr (kOut == kOutPerTensor) {
@@ -175,26 +195,17 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p
     }
     if (!p.load_stats) {
       if (!p.rms) {
-        float sum = 0.0f;
+        float sum = 0.0f;  // elements outside the row loaded as +0, which leave a sum unchanged
 #pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const int valid = norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8);
+        for (int j = 0; j < kChunks; ++j)
 #pragma unroll
-          for (int k = 0; k < 8; ++k)
-            if (k < valid) sum = __fadd_rn(sum, v[j].get(k));
-        }
+          for (int k = 0; k < 8; ++k) sum = __fadd_rn(sum, v[j].get(k));
         mu = mean_of(sum);
       }
       float sq = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int valid = norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float d = p.rms ? v[j].get(k) : __fsub_rn(v[j].get(k), mu);
-          if (k < valid) sq = __fmaf_rn(d, d, sq);
-        }
-      }
+      for (int j = 0; j < kChunks; ++j)
+        sq = add_squares(sq, v[j], mu, norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8));
       rs = finish_stats(sq, mu);
     }
 #pragma unroll
@@ -216,12 +227,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p
           Raw8<T> v[kIter];
           load_step(c0, v);
 #pragma unroll
-          for (int j = 0; j < kIter; ++j) {
-            const int valid = norm::chunk_valid(cols, c0 + static_cast<int64_t>(j * X + t) * 8);
+          for (int j = 0; j < kIter; ++j)
 #pragma unroll
-            for (int k = 0; k < 8; ++k)
-              if (k < valid) sum = __fadd_rn(sum, v[j].get(k));
-          }
+            for (int k = 0; k < 8; ++k) sum = __fadd_rn(sum, v[j].get(k));
         }
         mu = mean_of(sum);
       }
@@ -230,14 +238,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const FwdParams p
         Raw8<T> v[kIter];
         load_step(c0, v);
 #pragma unroll
-        for (int j = 0; j < kIter; ++j) {
-          const int valid = norm::chunk_valid(cols, c0 + static_cast<int64_t>(j * X + t) * 8);
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const float d = p.rms ? v[j].get(k) : __fsub_rn(v[j].get(k), mu);
-            if (k < valid) sq = __fmaf_rn(d, d, sq);
-          }
-        }
+        for (int j = 0; j < kIter; ++j)
+          sq = add_squares(sq, v[j], mu, norm::chunk_valid(cols, c0 + static_cast<int64_t>(j * X + t) * 8));
       }
       rs = finish_stats(sq, mu);
     }

@@ -54,8 +54,8 @@ struct Grad {
 
 __device__ __forceinline__ Grad grad_at(const BwdParams& p, float x, float dy, float g, float mu,
                                         float rs) {
-  const float xhat = p.rms ? __fmul_rn(x, rs) : __fmul_rn(__fsub_rn(x, mu), rs);
-  return {xhat, __fmul_rn(dy, p.zero_centered ? __fadd_rn(1.0f, g) : g)};
+  // mu is +0 for RMSNorm, and x - 0 is x bit for bit.
+  return {__fmul_rn(__fsub_rn(x, mu), rs), __fmul_rn(dy, p.zero_centered ? __fadd_rn(1.0f, g) : g)};
 }
 
 __device__ __forceinline__ float dx_at(const Grad& d, float mean_dxhat, float mean_proj, float rs) {
@@ -306,8 +306,7 @@ __global__ void __launch_bounds__(kColThreads) norm_bwd_columns_kernel(const Bwd
     vx.load_scalar(x + r * p.cols + c, 1);
     vd.load_scalar(dz + r * p.cols + c, 1);
     const float rs = p.rsigma[r];
-    const float xhat =
-        p.rms ? __fmul_rn(vx.get(0), rs) : __fmul_rn(__fsub_rn(vx.get(0), p.mu[r]), rs);
+    const float xhat = __fmul_rn(__fsub_rn(vx.get(0), p.rms ? 0.0f : p.mu[r]), rs);
     dg = __fmaf_rn(vd.get(0), xhat, dg);
     db = __fadd_rn(db, vd.get(0));
   }
