@@ -363,12 +363,16 @@ void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layo
                   cudaStream_t stream) {
   const int threads = layout.threads * layout.rows;
   const size_t smem = (kDbeta ? 2 : 1) * sizeof(float) * static_cast<size_t>(threads) * 8 * kChunks;
-  static std::atomic<size_t> opted_in{0};  // dynamic shared memory above 48 KB needs an opt-in
-  if (smem > opted_in.load(std::memory_order_relaxed)) {
+  // Dynamic shared memory above 48 KB needs an opt-in, per device (remembered per ordinal).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> opted_in[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < 0 || device >= kMaxDevices || smem > opted_in[device].load(std::memory_order_relaxed)) {
     check_cuda(cudaFuncSetAttribute(norm_bwd_kernel<T, kChunks, kDbeta>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                "norm_bwd_kernel: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    opted_in.store(smem, std::memory_order_relaxed);
+    if (device >= 0 && device < kMaxDevices) opted_in[device].store(smem, std::memory_order_relaxed);
   }
   // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
   // busy.
