@@ -467,7 +467,8 @@ def check_bwd(shape, cpu, gpu, again, x, dz, gamma, add, mu, rs, rms, zcg, dg_dt
     h = shape[-1]
     rows = x.numel() // h
     terms, dg_abs, db_abs = bwd_tolerances(x, dz, gamma, add, mu, rs, rms, zcg)
-    rel16 = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}[dg_dt]
+    # Both sides round their fp32 sums: 16-bit results may be one ulp (up to 2^-7 / 2^-10) apart.
+    rel16 = {"float32": 0.0, "bfloat16": 2.0**-7, "float16": 2.0**-10}[dg_dt]
     # dx is a difference of terms: its fp32 error is relative to them, not to dx.
     assert_close(gpu[0], cpu[0], "dx", 4 * sum_rtol(h), 4 * sum_rtol(h) * terms)
     for name, i, abs_sum in [("dgamma", 1, dg_abs), ("dbeta", 2, db_abs)]:
