@@ -1,0 +1,480 @@
+// LayerNorm / RMSNorm backward (te/normalization.h has the formulas; csrc/cpu/normalization.cpp is
+// the reference). Per row, with xhat = (x - mu) * rsigma recomputed as in the forward and
+// dxhat = dz * g: the row sums of dxhat and dxhat * xhat, then
+// dx = rsigma * ((dxhat - mean(dxhat)) - xhat * mean(dxhat * xhat)) (RMSNorm: no mean(dxhat)),
+// plus `add` in fp32 for te_rmsnorm_bwd_add, rounded once into dx's dtype.
+//
+// dgamma = sum over rows of dz * xhat and dbeta = sum of dz are deterministic: every CTA sums a
+// fixed, contiguous range of rows into its own fp32 partial row of a scratch [ctas, H] buffer (in
+// row order per column; CTAs of several row groups combine the groups in order), then a second
+// kernel adds the partial rows in a fixed order. Nothing depends on scheduling, so two runs give
+// the same bits.
+//
+// Paths:
+//   fused      dz and x of one dtype and H <= 16384 (the row in registers: 512 threads x up to
+//              4 chunks of 8): one kernel reads dz and x once, writes dx, and keeps each column's
+//              dgamma/dbeta partial sums in shared memory over its row range.
+//   generic    any other case (longer rows, dz and x of different dtypes): a dx kernel that
+//              re-reads the row from L2 for its second pass, then a column kernel that reads dz
+//              and x again for the partial sums. Correct everywhere, slower.
+#include "common/kernels.h"
+#include "cuda/cuda_utils.cuh"
+#include "cuda/norm_row.cuh"
+
+namespace te {
+namespace cuda {
+namespace {
+
+using norm::kIter;
+using norm::kMaxThreads;
+
+struct BwdParams {
+  const void* dz;  // [rows, cols]
+  const void* x;   // [rows, cols]
+  int64_t rows, cols;
+  const float* mu;  // [rows], LayerNorm only
+  const float* rsigma;
+  const void* gamma;
+  int32_t gamma_dtype;
+  bool gamma_vec;
+  bool rms, zero_centered;
+  const void* add;  // [rows, cols] or nullptr
+  int32_t add_dtype;
+  void* dx;
+  int32_t dx_dtype;
+  float* dgamma_part;  // fused: [gridDim.x, cols]
+  float* dbeta_part;   // fused: [gridDim.x, cols] or nullptr
+  int64_t rows_per_cta;
+};
+
+// One element's xhat and dxhat, as the forward computes xhat.
+struct Grad {
+  float xhat, dxhat;
+};
+
+__device__ __forceinline__ Grad grad_at(const BwdParams& p, float x, float dy, float g, float mu,
+                                        float rs) {
+  // mu is +0 for RMSNorm, and x - 0 is x bit for bit.
+  return {__fmul_rn(__fsub_rn(x, mu), rs), __fmul_rn(dy, p.zero_centered ? __fadd_rn(1.0f, g) : g)};
+}
+
+__device__ __forceinline__ float dx_at(const Grad& d, float mean_dxhat, float mean_proj, float rs) {
+  return __fmul_rn(rs, __fsub_rn(__fsub_rn(d.dxhat, mean_dxhat), __fmul_rn(d.xhat, mean_proj)));
+}
+
+// dx of one chunk (column c of the row at `base`), with `add`, stored.
+template <typename TX, typename TD>
+__device__ __forceinline__ void emit_dx(const BwdParams& p, int64_t base, int64_t c, int valid,
+                                        const Raw8<TX>& vx, const Raw8<TD>& vd, float mu, float rs,
+                                        float mean_dxhat, float mean_proj, bool dx_vec,
+                                        bool add_vec) {
+  float g[8], a[8], dx[8];
+  norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+  if (p.add != nullptr) norm::load8(p.add, p.add_dtype, base + c, valid, add_vec, a);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    dx[k] = dx_at(grad_at(p, vx.get(k), vd.get(k), g[k], mu, rs), mean_dxhat, mean_proj, rs);
+    if (p.add != nullptr) dx[k] = __fadd_rn(dx[k], a[k]);
+  }
+  norm::store8(p.dx, p.dx_dtype, base + c, dx, valid, dx_vec);
+}
+
+struct RowPtrs {
+  bool x_vec, dz_vec, dx_vec, add_vec;
+};
+
+template <typename TX, typename TD>
+__device__ __forceinline__ RowPtrs row_ptrs(const BwdParams& p, int64_t base) {
+  RowPtrs r;
+  r.x_vec = norm::aligned16(static_cast<const TX*>(p.x) + base);
+  r.dz_vec = norm::aligned16(static_cast<const TD*>(p.dz) + base);
+  r.dx_vec = norm::aligned16(static_cast<const char*>(p.dx) + base * norm::elem_bytes(p.dx_dtype));
+  r.add_vec = p.add != nullptr &&
+              norm::aligned16(static_cast<const char*>(p.add) + base * norm::elem_bytes(p.add_dtype));
+  return r;
+}
+
+// ---- fused path -----------------------------------------------------------------------------
+
+// Adds 8 values into 8 consecutive floats of shared memory (two 16-byte accesses).
+__device__ __forceinline__ void add8(float* acc, const float (&v)[8]) {
+  float4* a = reinterpret_cast<float4*>(acc);
+  float4 lo = a[0], hi = a[1];
+  lo.x = __fadd_rn(lo.x, v[0]);
+  lo.y = __fadd_rn(lo.y, v[1]);
+  lo.z = __fadd_rn(lo.z, v[2]);
+  lo.w = __fadd_rn(lo.w, v[3]);
+  hi.x = __fadd_rn(hi.x, v[4]);
+  hi.y = __fadd_rn(hi.y, v[5]);
+  hi.z = __fadd_rn(hi.z, v[6]);
+  hi.w = __fadd_rn(hi.w, v[7]);
+  a[0] = lo;
+  a[1] = hi;
+}
+
+// The dgamma/dbeta partial sums live in shared memory, not registers: [2][Y][X * 8 * kChunks]
+// floats, each thread reading and writing only its own columns (no barrier needed), so the
+// registers hold just the row data and the CTA count per SM is not cut by 2 * H accumulators
+// per CTA in the register file. 16-bit rows of up to 16384 run at 512 threads x 4 chunks.
+// Two CTAs of 512 threads per SM (64 registers) where the row data allows: 16-bit rows of up to
+// 2 chunks per thread.
+template <typename T, int kChunks>
+constexpr int kBwdMinBlocks = (sizeof(T) == 2 && kChunks <= 2) ? 2 : 1;
+
+template <typename T, int kChunks, bool kDbeta>
+__global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_bwd_kernel(const BwdParams p) {
+  extern __shared__ float4 acc_smem[];
+  __shared__ float red[kMaxThreads / 32 * 2];
+  const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
+  const int width = X * 8 * kChunks;
+  float* acc_g = reinterpret_cast<float*>(acc_smem) + ty * width;  // this row group's dgamma
+  float* acc_b = acc_g + Y * width;                                 // and dbeta
+  const int64_t cols = p.cols;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
+  const int64_t last = min(p.rows, first + p.rows_per_cta);
+  const float n = static_cast<float>(cols);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    float4* g4 = reinterpret_cast<float4*>(acc_g + (j * X + t) * 8);
+    g4[0] = g4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kDbeta) {
+      float4* b4 = reinterpret_cast<float4*>(acc_b + (j * X + t) * 8);
+      b4[0] = b4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+
+  for (int64_t r0 = first; r0 < last; r0 += Y) {
+    const int64_t row = r0 + ty;
+    const bool live = row < last;
+    const int64_t base = (live ? row : 0) * cols;
+    const RowPtrs rp = row_ptrs<T, T>(p, base);
+    const T* xr = static_cast<const T*>(p.x) + base;
+    const T* dzr = static_cast<const T*>(p.dz) + base;
+    Raw8<T> vx[kChunks], vd[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t c = static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      norm::load_chunk(vd[j], dzr + c, valid, rp.dz_vec);
+      norm::load_chunk(vx[j], xr + c, valid, rp.x_vec);
+    }
+    const float mu = live && !p.rms ? p.mu[row] : 0.0f;
+    const float rs = live ? p.rsigma[row] : 0.0f;
+    float sums[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t c = static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      float g[8], pg[8], pb[8];
+      norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float dy = vd[j].get(k);
+        const Grad d = grad_at(p, vx[j].get(k), dy, g[k], mu, rs);
+        const bool in = k < valid;
+        sums[0] = __fadd_rn(sums[0], in ? d.dxhat : 0.0f);
+        sums[1] = __fmaf_rn(in ? d.dxhat : 0.0f, d.xhat, sums[1]);
+        pg[k] = in ? __fmul_rn(dy, d.xhat) : 0.0f;
+        pb[k] = dy;  // 0 outside the row
+      }
+      if (valid > 0) {
+        add8(acc_g + (j * X + t) * 8, pg);
+        if constexpr (kDbeta) add8(acc_b + (j * X + t) * 8, pb);
+      }
+    }
+    norm::row_sum(sums, red);
+    const float mean_dxhat = p.rms ? 0.0f : __fdiv_rn(sums[0], n);
+    const float mean_proj = __fdiv_rn(sums[1], n);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t c = static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      emit_dx(p, base, c, valid, vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec, rp.add_vec);
+    }
+  }
+
+  // Row groups (Y > 1) are added in group order by row group 0, which writes the CTA's partial row.
+  if (Y > 1) __syncthreads();
+  if (ty != 0) return;
+  const bool vec = cols % 4 == 0;  // partial rows start 16-byte aligned (scratch is 256-aligned)
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = static_cast<int64_t>(j * X + t) * 8;
+    const int valid = norm::chunk_valid(cols, c);
+    if (valid == 0) continue;
+    const int i = (j * X + t) * 8;
+    for (int half = 0; half < (kDbeta ? 2 : 1); ++half) {
+      const float* a = (half == 0 ? acc_g : acc_b) + i;
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        v[k] = a[k];
+        for (int y = 1; y < Y; ++y) v[k] = __fadd_rn(v[k], a[y * width + k]);
+      }
+      float* part = half == 0 ? p.dgamma_part : p.dbeta_part;
+      norm::store8(part + static_cast<int64_t>(blockIdx.x) * cols + c, v, valid, vec);
+    }
+  }
+}
+
+// ---- generic path ---------------------------------------------------------------------------
+
+// dx only, the row re-read in steps of X * 8 * kIter columns (L2 on the second pass).
+template <typename TX, typename TD>
+__global__ void __launch_bounds__(kMaxThreads) norm_bwd_dx_kernel(const BwdParams p) {
+  __shared__ float red[kMaxThreads / 32 * 2];
+  const int X = blockDim.x, t = threadIdx.x;
+  const int64_t cols = p.cols;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < p.rows;
+  const int64_t base = (live ? row : 0) * cols;
+  const RowPtrs rp = row_ptrs<TX, TD>(p, base);
+  const TX* xr = static_cast<const TX*>(p.x) + base;
+  const TD* dzr = static_cast<const TD*>(p.dz) + base;
+  const float mu = live && !p.rms ? p.mu[row] : 0.0f;
+  const float rs = live ? p.rsigma[row] : 0.0f;
+  const float n = static_cast<float>(cols);
+  const int64_t step = static_cast<int64_t>(X) * 8 * kIter;
+
+  float sums[2] = {0.0f, 0.0f};
+  for (int64_t c0 = 0; c0 < cols; c0 += step) {
+    Raw8<TX> vx[kIter];
+    Raw8<TD> vd[kIter];
+#pragma unroll
+    for (int j = 0; j < kIter; ++j) {
+      const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      norm::load_chunk(vd[j], dzr + c, valid, rp.dz_vec);
+      norm::load_chunk(vx[j], xr + c, valid, rp.x_vec);
+    }
+#pragma unroll
+    for (int j = 0; j < kIter; ++j) {
+      const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      float g[8];
+      norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (k < valid) {
+          const Grad d = grad_at(p, vx[j].get(k), vd[j].get(k), g[k], mu, rs);
+          sums[0] = __fadd_rn(sums[0], d.dxhat);
+          sums[1] = __fmaf_rn(d.dxhat, d.xhat, sums[1]);
+        }
+      }
+    }
+  }
+  norm::row_sum(sums, red);
+  const float mean_dxhat = p.rms ? 0.0f : __fdiv_rn(sums[0], n);
+  const float mean_proj = __fdiv_rn(sums[1], n);
+  for (int64_t c0 = 0; c0 < cols; c0 += step) {
+    Raw8<TX> vx[kIter];
+    Raw8<TD> vd[kIter];
+#pragma unroll
+    for (int j = 0; j < kIter; ++j) {
+      const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      norm::load_chunk(vd[j], dzr + c, valid, rp.dz_vec);
+      norm::load_chunk(vx[j], xr + c, valid, rp.x_vec);
+    }
+#pragma unroll
+    for (int j = 0; j < kIter; ++j) {
+      const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      emit_dx(p, base, c, valid, vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec, rp.add_vec);
+    }
+  }
+}
+
+constexpr int kColThreads = 256;  // columns per CTA of the column kernel
+
+// Partial dgamma/dbeta of p.rows_per_cta rows x kColThreads columns, rows in order:
+// part[blockIdx.y][c].
+template <typename TX, typename TD>
+__global__ void __launch_bounds__(kColThreads) norm_bwd_columns_kernel(const BwdParams p,
+                                                                       float* dg_part,
+                                                                       float* db_part) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  if (c >= p.cols) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_cta;
+  const int64_t r1 = min(p.rows, r0 + p.rows_per_cta);
+  const TX* x = static_cast<const TX*>(p.x);
+  const TD* dz = static_cast<const TD*>(p.dz);
+  float dg = 0.0f, db = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    Raw8<TX> vx;
+    Raw8<TD> vd;
+    vx.load_scalar(x + r * p.cols + c, 1);
+    vd.load_scalar(dz + r * p.cols + c, 1);
+    const float rs = p.rsigma[r];
+    const float xhat = __fmul_rn(__fsub_rn(vx.get(0), p.rms ? 0.0f : p.mu[r]), rs);
+    dg = __fmaf_rn(vd.get(0), xhat, dg);
+    db = __fadd_rn(db, vd.get(0));
+  }
+  dg_part[blockIdx.y * p.cols + c] = dg;
+  if (db_part != nullptr) db_part[blockIdx.y * p.cols + c] = db;
+}
+
+// ---- the final reduction --------------------------------------------------------------------
+
+constexpr int kRedCols = 32, kRedGroups = 8;
+
+// out[c] = sum over j of part[j][c] (blockIdx.y 0: dgamma, 1: dbeta): group g of 8 adds the
+// partial rows j = g, g + 8, ... in order, then the groups are added in order.
+__global__ void __launch_bounds__(kRedCols* kRedGroups)
+    reduce_partials_kernel(const float* dg_part, const float* db_part, int64_t parts, int64_t cols,
+                           void* dgamma, int32_t dgamma_dtype, void* dbeta, int32_t dbeta_dtype) {
+  __shared__ float acc[kRedGroups][kRedCols];
+  const float* part = blockIdx.y == 0 ? dg_part : db_part;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kRedCols + tx;
+  float a = 0.0f;
+  if (c < cols) {
+    for (int64_t j = ty; j < parts; j += kRedGroups) a = __fadd_rn(a, part[j * cols + c]);
+  }
+  acc[ty][tx] = a;
+  __syncthreads();
+  if (ty != 0 || c >= cols) return;
+  for (int g = 1; g < kRedGroups; ++g) a = __fadd_rn(a, acc[g][tx]);
+  if (blockIdx.y == 0) {
+    norm::store1(dgamma, dgamma_dtype, c, a);
+  } else {
+    norm::store1(dbeta, dbeta_dtype, c, a);
+  }
+}
+
+void reduce_partials(const NormBwdArgs& a, const float* dg_part, const float* db_part,
+                     int64_t parts, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(a.cols, kRedCols);
+  if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "reduce_partials_kernel: H too large");
+  reduce_partials_kernel<<<dim3(static_cast<unsigned>(blocks), db_part != nullptr ? 2 : 1),
+                           dim3(kRedCols, kRedGroups), 0, stream>>>(
+      dg_part, db_part, parts, a.cols, a.dgamma, a.dgamma_dtype, a.dbeta, a.dbeta_dtype);
+  check_launch("reduce_partials_kernel");
+}
+
+// The fused path's layout: the fewest chunks (1, 2, 4) with at most 512 threads per row.
+template <typename T>
+norm::RowLayout fused_layout(int64_t cols) {
+  return norm::choose_layout(cols, [](int k) { return k == 8 ? 0 : kMaxThreads; }, kMaxThreads);
+}
+
+template <typename T, int kChunks, bool kDbeta>
+void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
+                  cudaStream_t stream) {
+  const int threads = layout.threads * layout.rows;
+  const size_t smem = (kDbeta ? 2 : 1) * sizeof(float) * static_cast<size_t>(threads) * 8 * kChunks;
+  // Dynamic shared memory above 48 KB needs an opt-in, per device (remembered per ordinal).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> opted_in[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < 0 || device >= kMaxDevices || smem > opted_in[device].load(std::memory_order_relaxed)) {
+    check_cuda(cudaFuncSetAttribute(norm_bwd_kernel<T, kChunks, kDbeta>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "norm_bwd_kernel: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (device >= 0 && device < kMaxDevices) opted_in[device].store(smem, std::memory_order_relaxed);
+  }
+  // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
+  // busy.
+  const int64_t groups = ceil_div(a.rows, layout.rows);
+  int64_t ctas = norm::resident_ctas<norm_bwd_kernel<T, kChunks, kDbeta>>(threads, smem);
+  if (ctas > groups) ctas = groups;
+  p.rows_per_cta = ceil_div(a.rows, ctas);
+  ctas = ceil_div(a.rows, p.rows_per_cta);
+  norm::Scratch part(sizeof(float) * static_cast<size_t>(ctas * a.cols) * (kDbeta ? 2 : 1), stream);
+  p.dgamma_part = part.as<float>();
+  p.dbeta_part = kDbeta ? part.as<float>() + ctas * a.cols : nullptr;
+  norm_bwd_kernel<T, kChunks, kDbeta>
+      <<<static_cast<unsigned>(ctas), dim3(layout.threads, layout.rows), smem, stream>>>(p);
+  check_launch("norm_bwd_kernel");
+  reduce_partials(a, p.dgamma_part, p.dbeta_part, ctas, stream);
+}
+
+template <typename T>
+bool fused_bwd(const NormBwdArgs& a, const BwdParams& p, cudaStream_t stream) {
+  const norm::RowLayout layout = fused_layout<T>(a.cols);
+  if (layout.chunks == 0) return false;
+  norm::dispatch_chunks(layout.chunks, [&](auto chunks) {
+    constexpr int kChunks = decltype(chunks)::value;
+    if constexpr (kChunks > 0 && kChunks < 8) {
+      if (a.dbeta != nullptr) {
+        launch_fused<T, kChunks, true>(a, p, layout, stream);
+      } else {
+        launch_fused<T, kChunks, false>(a, p, layout, stream);
+      }
+    }
+  });
+  return true;
+}
+
+template <typename TX, typename TD>
+void generic_bwd(const NormBwdArgs& a, BwdParams p, cudaStream_t stream) {
+  const norm::RowLayout layout = norm::choose_layout(a.cols, [](int) { return 0; }, kMaxThreads);
+  const int64_t grid = ceil_div(a.rows, layout.rows);
+  if (grid > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "norm_bwd_dx_kernel: too many rows");
+  norm_bwd_dx_kernel<TX, TD>
+      <<<static_cast<unsigned>(grid), dim3(layout.threads, layout.rows), 0, stream>>>(p);
+  check_launch("norm_bwd_dx_kernel");
+
+  // 256 rows per partial row, more where the grid's y dimension (65535) would overflow.
+  p.rows_per_cta = ceil_div(a.rows, 65535) > 256 ? ceil_div(a.rows, 65535) : 256;
+  const int64_t parts = ceil_div(a.rows, p.rows_per_cta), col_blocks = ceil_div(a.cols, kColThreads);
+  if (col_blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "norm_bwd_columns_kernel: H too large");
+  const bool dbeta = a.dbeta != nullptr;
+  norm::Scratch part(sizeof(float) * static_cast<size_t>(parts * a.cols) * (dbeta ? 2 : 1), stream);
+  float* dg_part = part.as<float>();
+  float* db_part = dbeta ? dg_part + parts * a.cols : nullptr;
+  norm_bwd_columns_kernel<TX, TD>
+      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), kColThreads, 0,
+         stream>>>(p, dg_part, db_part);
+  check_launch("norm_bwd_columns_kernel");
+  reduce_partials(a, dg_part, db_part, parts, stream);
+}
+
+}  // namespace
+
+void norm_bwd(const NormBwdArgs& a, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  if (a.rows == 0) {
+    // Sums over no rows: +0 in every dtype is all-zero bits.
+    const size_t gsize = a.dgamma_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
+    check_cuda(cudaMemsetAsync(a.dgamma, 0, gsize * static_cast<size_t>(a.cols), stream),
+               "norm_bwd: cudaMemsetAsync(dgamma)");
+    if (a.dbeta != nullptr) {
+      const size_t bsize = a.dbeta_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
+      check_cuda(cudaMemsetAsync(a.dbeta, 0, bsize * static_cast<size_t>(a.cols), stream),
+                 "norm_bwd: cudaMemsetAsync(dbeta)");
+    }
+    return;
+  }
+  BwdParams p{};
+  p.dz = a.dz;
+  p.x = a.x;
+  p.rows = a.rows;
+  p.cols = a.cols;
+  p.mu = a.rms ? nullptr : a.mu;
+  p.rsigma = a.rsigma;
+  p.gamma = a.gamma;
+  p.gamma_dtype = a.gamma_dtype;
+  p.gamma_vec = aligned(a.gamma, 16);
+  p.rms = a.rms;
+  p.zero_centered = a.zero_centered_gamma;
+  p.add = a.add;
+  p.add_dtype = a.add_dtype;
+  p.dx = a.dx;
+  p.dx_dtype = a.dx_dtype;
+
+  bool done = false;
+  if (a.dz_dtype == a.x_dtype) {
+    dispatch_source(a.x_dtype, [&](auto tag) { done = fused_bwd<decltype(tag)>(a, p, stream); });
+  }
+  if (done) return;
+  dispatch_source(a.x_dtype, [&](auto x_tag) {
+    dispatch_source(a.dz_dtype, [&](auto dz_tag) {
+      generic_bwd<decltype(x_tag), decltype(dz_tag)>(a, p, stream);
+    });
+  });
+}
+
+}  // namespace cuda
+}  // namespace te
