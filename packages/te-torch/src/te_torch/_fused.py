@@ -125,6 +125,16 @@ def activation_bwd(
     return _result(parts, quantizer, x.shape, x.dtype), dbias
 
 
+def dbias_quantize_operand(x: torch.Tensor, quantizer: Quantizer, dbias_dtype: torch.dtype):
+    """dbias_quantize with the quantized x as te_gemm's operand tuple (Quantizer._operand)."""
+    if is_eager(x):
+        *parts, dbias = _fused_kernels.dbias_quantize(x, quantizer._fused_spec(), dbias_dtype)
+    else:
+        a = _op_args(quantizer, x.dtype)
+        *parts, dbias = torch.ops.te.dbias_quantize(x, a[0], a[1], *a[2:], dbias_dtype)
+    return quantizer._parts_operand(*parts), dbias
+
+
 def dbias_quantize(x: torch.Tensor, quantizer: Quantizer, dbias_dtype: torch.dtype):
     """(``quantizer``'s quantized x, the column sums of x [K] in ``dbias_dtype``) in one pass:
     a gradient's cast(-transpose) fused with its bias gradient."""

@@ -68,6 +68,7 @@ class FP8Context:
         "fwd_key",
         "bwd_key",
         "weight_cache",
+        "weight_operand_cache",
         "device",
     )
 
@@ -82,7 +83,7 @@ class FP8Context:
     ) -> None:
         self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
         self.delayed = recipe.delayed()
-        self.weight_cache = None
+        self.weight_cache = self.weight_operand_cache = None
         self.fwd_key = self.bwd_key = None
         if self.delayed:
             fdt, bdt = _dtypes(recipe.fp8_format)
@@ -133,6 +134,14 @@ class FP8Context:
         if first or self.weight_cache is None:
             self.weight_cache = self.w_q[3](weight)
         return self.weight_cache
+
+    def weight_operand(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool) -> tuple:
+        """``weight()`` as te_gemm's operand tuple (Quantizer._operand), for te.Linear's lean path."""
+        if first is None:
+            return self.w_q[2 + need_columnwise]._operand(weight)
+        if first or self.weight_operand_cache is None:
+            self.weight_operand_cache = self.w_q[3]._operand(weight)
+        return self.weight_operand_cache
 
     def register_forward(self) -> None:
         if self.delayed:

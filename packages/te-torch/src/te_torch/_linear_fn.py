@@ -21,10 +21,11 @@ Each copy is produced only when a gradient needs it (``needs_input_grad``). The 
 from __future__ import annotations
 
 import torch
+from te_core import _C
 
 from te_torch import _fused
 from te_torch._gemm_state import FP8Context
-from te_torch.functional import gemm, gemm_dgrad, gemm_wgrad
+from te_torch.functional import _gemm, gemm_wgrad
 
 
 def quantize_grad(c: FP8Context, dy: torch.Tensor, need_dgrad: bool, need_wgrad: bool, db_dtype):
@@ -63,39 +64,95 @@ def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return dy.reshape(-1, dy.shape[-1]).float().sum(0).to(dtype)
 
 
+# te_gemm operand layouts of the three GEMMs (functional.gemm / gemm_dgrad / gemm_wgrad call the
+# same): fprop x W^T reads both row-wise copies, dgrad dy W reads W's column-wise copy, wgrad
+# dy^T x reads both column-wise copies.
+_FPROP, _DGRAD, _WGRAD = (False, True), (False, False), (True, False)
+_DEFAULT_EPILOGUE, _BIAS_EPILOGUE = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BIAS)
+
+
+def _row(op: tuple) -> tuple:
+    return op[0], op[1], op[2], None, None
+
+
+def _col(op: tuple) -> tuple:
+    return op[0], None, None, op[3], op[4]
+
+
+def _split(flag) -> int:
+    return -1 if flag is None else int(bool(flag))
+
+
 class LinearFn(torch.autograd.Function):
-    """y = x w^T + b with quantized GEMMs; see the module docstring."""
+    """y = x w^T + b with quantized GEMMs; see the module docstring.
+
+    The hot path of every FP8 step: operands travel as te_gemm operand tuples (Quantizer._operand)
+    straight into functional._gemm, so no quantized-tensor object is built and no argument is
+    re-checked that te_gemm checks anyway."""
 
     @staticmethod
     def forward(ctx, inp, weight, bias, c: FP8Context, first, fuse_wgrad: bool):
         need_dx, need_dw = inp.requires_grad, weight.requires_grad
-        xq = c.x_q[2 + need_dw](inp)
-        wq = c.weight(weight, first, need_dx)
+        xq = c.x_q[2 + need_dw]._operand(inp)
+        wq = c.weight_operand(weight, first, need_dx)
         if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
             bias = bias.to(inp.dtype)
-        out = gemm(xq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
-        ctx.save_for_backward(xq if need_dw else None, wq if need_dx else None)
+        out = _gemm(
+            _row(xq), _row(wq), *_FPROP, (*inp.shape[:-1], weight.shape[0]), inp.dtype, None, False,
+            _DEFAULT_EPILOGUE if bias is None else _BIAS_EPILOGUE, bias, None, _split(c.split[0]),
+        )[0]  # fmt: skip
+        # Only the column-wise copies are read again (wgrad: x's, dgrad: W's).
+        ctx.save_for_backward(
+            xq[3] if need_dw else None, xq[4] if need_dw else None,
+            wq[3] if need_dx else None, wq[4] if need_dx else None,
+        )  # fmt: skip
+        ctx.modes = xq[0], wq[0]
         ctx.c = c
         ctx.fuse = fuse_wgrad
         ctx.weight = weight if fuse_wgrad else None
         ctx.w_dtype = weight.dtype
         ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.in_features = inp.shape[-1]
         return out
 
     @staticmethod
     def backward(ctx, dy):
         c = ctx.c
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        xq, wq = ctx.saved_tensors
+        xcd, xcs, wcd, wcs = ctx.saved_tensors
+        x_mode, w_mode = ctx.modes
         dx = dw = db = None
         if need_dx or need_dw:
             if not dy.is_contiguous():
                 dy = dy.contiguous()
-            gq, db = quantize_grad(c, dy, need_dx, need_dw, ctx.b_dtype if need_db else None)
+            q = c.g_q[2 * need_dx + need_dw]
+            c.register_backward()
+            if need_db:
+                gq, db = _fused.dbias_quantize_operand(dy, q, ctx.b_dtype)
+            else:
+                gq = q._operand(dy)
             if need_dx:
-                dx = gemm_dgrad(gq, wq, out_dtype=dy.dtype, use_split_accumulator=c.split[1])
+                dx = _gemm(
+                    _row(gq), (w_mode, None, None, wcd, wcs), *_DGRAD, (*dy.shape[:-1], ctx.in_features),
+                    dy.dtype, None, False, _DEFAULT_EPILOGUE, None, None, _split(c.split[1]),
+                )[0]  # fmt: skip
             if need_dw:
-                dw = wgrad(c, gq, xq, ctx.weight, ctx.fuse, ctx.w_dtype)
+                xc = (x_mode, None, None, xcd, xcs)
+                shape = (dy.shape[-1], ctx.in_features)
+                if ctx.fuse:
+                    w = ctx.weight
+                    _gemm(
+                        _col(gq), xc, *_WGRAD, shape, torch.float32, w.main_grad,
+                        not getattr(w, "overwrite_main_grad", False), _DEFAULT_EPILOGUE, None, None,
+                        _split(c.split[2]),
+                    )  # fmt: skip
+                    if hasattr(w, "grad_added_to_main_grad"):
+                        w.grad_added_to_main_grad = True
+                else:
+                    dw = _gemm(
+                        _col(gq), xc, *_WGRAD, shape, ctx.w_dtype, None, False, _DEFAULT_EPILOGUE,
+                        None, None, _split(c.split[2]),
+                    )[0]  # fmt: skip
         elif need_db:
             db = column_sums(dy, ctx.b_dtype)
         return dx, dw, db, None, None, None
