@@ -4,7 +4,9 @@
 // One read of the input: a grid-stride loop over 16-byte words with four independent loads in
 // flight per thread (64 bytes; a persistent grid of the resident block count keeps ~128 KB in
 // flight per SM, enough to cover HBM latency), a block reduce, then one atomicMax per block on
-// the bits (cuda_utils.cuh). The output is zeroed in-stream first, so nothing waits on the host.
+// the bits (cuda_utils.cuh). The output is zeroed in-stream first, so nothing waits on the host;
+// a buffer small enough for one block (up to 16K 16-bit elements, the host-bound sizes where a
+// launch costs more than the work) skips that memset and stores its max directly.
 // fp16/bf16 words are reduced two halves at a time with __vmaxu2 on the sign-cleared bits, which
 // order like the values (NaN above inf) in 16 bits too. A misaligned start is peeled element by
 // element, so every buffer gets the vector body.
@@ -65,7 +67,7 @@ __device__ __forceinline__ uint32_t unpack_max(uint32_t m) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ in, int64_t head,
                                                         int64_t words, int64_t numel,
-                                                        float* __restrict__ amax) {
+                                                        float* __restrict__ amax, bool store) {
   constexpr int64_t kPerWord = 16 / sizeof(T);
   __shared__ uint32_t scratch[kThreads / 32];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -88,9 +90,16 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ in
     m = max(m, elem_abs_bits(in[e]));
 
   m = block_max<kThreads>(canonical_amax_bits<T>(m), scratch);
-  if (threadIdx.x == 0 && m != 0u) atomic_max_amax(amax, m);
+  if (threadIdx.x == 0) {
+    if (store) {
+      *reinterpret_cast<uint32_t*>(amax) = m;
+    } else if (m != 0u) {
+      atomic_max_amax(amax, m);
+    }
+  }
 }
 
+// Zeroes *amax (unless one block covers the buffer: it then stores) and launches the kernel.
 template <typename T>
 void launch_amax(const T* in, int64_t numel, float* amax, cudaStream_t stream) {
   constexpr int64_t kPerWord = 16 / sizeof(T);
@@ -103,8 +112,10 @@ void launch_amax(const T* in, int64_t numel, float* amax, cudaStream_t stream) {
   int64_t blocks = ceil_div(words > 0 ? ceil_div(words, 4) : numel, kThreads);
   if (blocks > max_blocks) blocks = max_blocks;
   if (blocks < 1) blocks = 1;
+  const bool store = blocks == 1;
+  if (!store) check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "amax: cudaMemsetAsync");
   amax_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(in, head, words, numel,
-                                                                         amax);
+                                                                         amax, store);
   check_launch("amax_kernel");
 }
 
@@ -112,8 +123,10 @@ void launch_amax(const T* in, int64_t numel, float* amax, cudaStream_t stream) {
 
 void amax_into_zeroed(const void* input, int32_t in_dtype, int64_t numel, float* amax,
                       cudaStream_t stream) {
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "amax: cudaMemsetAsync");
-  if (numel == 0) return;
+  if (numel == 0) {
+    check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "amax: cudaMemsetAsync");
+    return;
+  }
   dispatch_source(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     launch_amax(static_cast<const T*>(input), numel, amax, stream);
