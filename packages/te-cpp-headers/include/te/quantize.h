@@ -40,7 +40,8 @@ typedef struct te_quant_config {
    * up with probability (|v| - lo) / (hi - lo), lo <= |v| < hi the neighbouring E2M1 magnitudes,
    * decided by the 32-bit word u of a Philox4x32-10 stream as u < frac * 2^32 (exact). Element n
    * of the row-wise copy (row-major index in that copy) takes word n, element n of the
-   * column-wise copy word numel + n; word w is lane w % 4 of Philox4x32-10 with key
+   * column-wise copy word numel + n (with 2-D tiles both copies are the row-wise quantization and
+   * use its words); word w is lane w % 4 of Philox4x32-10 with key
    * {lo32(rng_seed), hi32(rng_seed)} and counter {lo32(w / 4), hi32(w / 4), lo32(rng_offset),
    * hi32(rng_offset)}. So a (seed, offset) pair fixes every bit, on every device; give each
    * quantization of a step its own offset (any distinct value: each is a separate stream). */
@@ -74,8 +75,10 @@ TE_API te_status te_amax(const te_tensor* input, te_tensor* amax, void* stream);
  * amax_epsilon must be 0.
  *
  * NVFP4_1D (NUMERICS.md "NVFP4BlockScaling"): `amax` (fp32 [2]) receives each present copy's
- * global amax (NaN-propagating), or with use_existing_amax is read instead. Per copy S_enc from
- * its amax (te_quantized_tensor's comment); per block of 16 (or 16x16 tile) s_block =
+ * global amax (NaN-propagating), or with use_existing_amax is read instead (with 2-D tiles both
+ * copies are one quantization, encoded with amax[0], or amax[1] when only the column-wise copy
+ * is present). Per copy S_enc from its amax (te_quantized_tensor's comment); per block of 16
+ * (or 16x16 tile) s_block =
  * convert_e4m3((block_amax / 6) * S_enc), stored; enc = S_enc / s_block (0 if s_block is 0,
  * capped at FLT_MAX), q = convert_e2m1(x * enc): round to nearest even (or stochastically, see
  * te_quant_config), saturating to +-6, sign kept (-0 -> 0x8), NaN -> 0x7 (its block's scale is
