@@ -162,7 +162,7 @@ def test_mxfp8_large():
 
 
 def test_mxfp8_v1_config_ignores_appended_fields():
-    """A te_quant_config from a 0.1 caller (struct_size 20) gets the defaults for the fields appended
+    """A te_quant_config from a 0.1.0 caller (struct_size 20) gets the defaults for the fields appended
     later, whatever bytes lie past its end."""
     x = awkward(rng_for("mx-v1"), (64, 64), np.float32)
     cfg = _C.QuantConfig(with_2d_quantization=True)

@@ -268,7 +268,7 @@ def test_nvfp4_dequantize_round_trip(out_dtype, rht):
 
 
 def test_nvfp4_v1_descriptor_ignores_columnwise_rht():
-    """A te_quantized_tensor from a 0.1 caller (struct_size 536) has no columnwise_rht: 0."""
+    """A te_quantized_tensor from a 0.1.0 caller (struct_size 536) has no columnwise_rht: 0."""
     x = awkward(rng_for("nv-v1"), (32, 32), np.float32, specials=False)
     q = MxQuantized("nvfp4", x.shape)
     d = q.descriptor()

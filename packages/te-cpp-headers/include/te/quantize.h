@@ -31,7 +31,7 @@ typedef struct te_quant_config {
    * mantissa bits are cleared (rounds down to a power of two). */
   int32_t force_pow2_scales;
   float amax_epsilon;
-  /* ---- appended in te-core 0.2 (a caller whose struct_size ends above gets the defaults: 0) */
+  /* ---- appended after te-core 0.1.0 (a caller whose struct_size ends above gets 0 for these) */
   /* MXFP8_1D / NVFP4_1D: one scale per 32x32 (MXFP8) or 16x16 (NVFP4) tile of the source instead
    * of per 1x32 / 1x16 run, so the row-wise and column-wise copies are the same quantization,
    * transposed (weights; NVFP4BlockScaling's default for them). Not with the Hadamard transform. */

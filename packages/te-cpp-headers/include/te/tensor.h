@@ -106,7 +106,7 @@ typedef struct te_tensor {
  * and MXFP8_1D, and as above for NVFP4_1D. Either copy may be absent (data == NULL); a quantize
  * call writes the copies that are present.
  *
- * Versions: `columnwise_rht` was appended in te-core 0.2; a caller compiled against the 0.1
+ * Versions: `columnwise_rht` was appended after te-core 0.1.0; a caller compiled against the 0.1.0
  * header (struct_size without it) gets 0. */
 typedef struct te_quantized_tensor {
   uint32_t struct_size; /* sizeof(te_quantized_tensor) as compiled by the caller */
