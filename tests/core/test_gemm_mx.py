@@ -234,3 +234,42 @@ def test_gemm_mx_errors():
         with_rht.descriptor(),
         hp(np.zeros((8, 32), np.float32)),
     )
+
+
+LOG_SNIPPET = """
+import logging, sys
+import numpy as np
+sys.path.insert(0, {here!r})
+import te_core
+from _mx import MxQuantized
+from _buffers import tensor
+from te_core import _C
+said = []
+handler = logging.Handler()
+handler.emit = lambda r: said.append((r.levelno, r.getMessage()))
+logging.getLogger("te").addHandler(handler)
+logging.getLogger("te").setLevel(logging.INFO)
+x = np.ones((32, 64), np.float32)
+for family in ["mxfp8", "nvfp4", "mxfp8"]:
+    q = MxQuantized(family, x.shape).quantize(x)
+    d = np.zeros((32, 32), np.float32)
+    _C.gemm(q.descriptor(), q.descriptor(), _C.QuantizedTensor(0, rowwise_data=tensor(d)), _C.GemmConfig(trans_b=True))
+for level, message in said:
+    print(level, message)
+"""
+
+
+def test_gemm_mx_cpu_logs_once_per_format():
+    """In a fresh process (log_info_once is once per process): one INFO line per format saying the
+    GEMM runs by block dequantization, however many GEMMs run."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", LOG_SNIPPET.format(here=here)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    lines = [line for line in out if "block dequantization" in line]
+    assert len(lines) == 2, out
+    assert lines[0].startswith("20 te_gemm: mxfp8_1d operands on the CPU") and "nvfp4_1d" in lines[1]

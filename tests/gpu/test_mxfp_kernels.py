@@ -391,3 +391,45 @@ def test_gemm_nvfp4_wgrad_hadamard():
     cpu, gpu = both(run)
     assert normwise(gpu, cpu) <= 1e-5
     assert normwise(gpu, dy.double().T @ x.double()) <= 0.2
+
+
+LOG_SNIPPET = """
+import logging, sys
+import torch
+sys.path.insert(0, {here!r})
+import te_core
+from test_mxfp_kernels import Buffers, desc, quantize, _to_cuda, hp
+from te_core import _C
+said = []
+handler = logging.Handler()
+handler.emit = lambda r: said.append((r.levelno, r.getMessage()))
+logging.getLogger("te").addHandler(handler)
+logging.getLogger("te").setLevel(logging.INFO)
+x = torch.ones(32, 64)
+for family in ["nvfp4", "nvfp4", "mxfp8"]:
+    q = _to_cuda(quantize(x, "float32", family, "cpu"))
+    d = torch.zeros(32, 32, device="cuda")
+    _C.gemm(q.descriptor(), q.descriptor(), hp(d), _C.GemmConfig(trans_b=True), torch.cuda.current_stream().cuda_stream)
+torch.cuda.synchronize()
+for level, message in said:
+    print(level, message)
+"""
+
+
+def test_gemm_logs_the_emulated_path_once_per_format():
+    """In a fresh process (log_info_once is once per process): one INFO line per format naming the
+    block-dequantized path and the GPU's compute capability."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", LOG_SNIPPET.format(here=here)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    lines = [line for line in out if "block dequantization" in line]
+    assert len(lines) == 2, out
+    assert (
+        lines[0].startswith("20 te_gemm: nvfp4_1d operands on compute capability") and "not fast" in lines[0]
+    )
+    assert "mxfp8_1d" in lines[1]

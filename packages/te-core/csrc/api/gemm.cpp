@@ -22,6 +22,7 @@
 #include "common/kernels.h"
 #include "common/kernels_mx.h"
 #include "common/layout.h"
+#include "common/log.h"
 #include "common/validate.h"
 
 namespace te {
@@ -434,7 +435,15 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   args.workspace = present(cfg.workspace) ? cfg.workspace.data : nullptr;
   args.workspace_bytes = present(cfg.workspace) ? cfg.workspace.shape[0] : 0;
   if (a.mx) {
-    dispatch(device, device_name, [&] { cpu::gemm(args, stream); },
+    const std::string mode = scaling_mode_name(a.kernel.scaling_mode);
+    dispatch(device, device_name,
+             [&] {
+               log_info_once(concat("gemm-mx-cpu ", mode),
+                             concat("te_gemm: ", mode, " operands on the CPU run by block "
+                                    "dequantization to BF16 and an fp32-accumulated product "
+                                    "(the reference numerics; not fast). Logged once."));
+               cpu::gemm(args, stream);
+             },
              [&] { cuda::gemm_mx(args, stream); });
   } else {
     dispatch(device, device_name, [&] { cpu::gemm(args, stream); },
