@@ -85,7 +85,9 @@ def test_errors():
         d.rowwise_scale_inv = tensor(np.zeros(1, np.uint8), int(_C.DType.UINT8))
         _C.dbias_quantize(tensor(x), d, tensor(f32(0, (6,))), cfg)
     with raises(
-        NotImplementedError, p + "scaling_mode mxfp8_1d: quantization to this format is not implemented"
+        NotImplementedError,
+        p + "output->scaling_mode: mxfp8_1d output from a fused op is not implemented; write the result "
+        "in high precision and quantize it with te_quantize",
     ):
         q2 = _C.QuantizedTensor(int(_C.ScalingMode.MXFP8_1D))
         _C.dbias_quantize(tensor(x), q2, tensor(f32(0, (6,))), cfg)

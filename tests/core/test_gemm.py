@@ -824,28 +824,6 @@ def test_error_operand_scales_and_layouts():
     )
 
 
-def test_error_mxfp8_is_not_implemented():
-    data = fp8_buffer((8, 32))
-    a = _C.QuantizedTensor(int(M.MXFP8_1D), rowwise_data=tensor(data, FP8_DTYPE[O.E4M3]))
-    raises(
-        NotImplementedError,
-        re.escape("a->scaling_mode: mxfp8_1d operands are not supported by te_gemm"),
-        a,
-        a,
-        hp(np.zeros((8, 8), np.float32)),
-        config=NT,
-    )
-    b = _C.QuantizedTensor(int(M.NVFP4_1D), rowwise_data=tensor(data, FP8_DTYPE[O.E4M3]))
-    raises(
-        NotImplementedError,
-        "b->scaling_mode: nvfp4_1d",
-        hp(np.zeros((8, 32), np.float32)),
-        b,
-        hp(np.zeros((8, 8), np.float32)),
-        config=NT,
-    )
-
-
 def cuda(arr, dtype=None):
     t = tensor(arr, dtype)
     return _C.Tensor(t.ptr, t.dtype, t.shape, device_type=int(_C.DeviceType.CUDA), device_index=0)

@@ -1,4 +1,4 @@
-"""te_quantized_shape: every part of every implemented mode against te/tensor.h's table."""
+"""te_quantized_shape: every part of every mode against te/tensor.h's table."""
 
 import _oracle as O
 import pytest
@@ -31,6 +31,11 @@ def table(mode, part, shape):
         return tuple(shape)
     if part == P.COLUMNWISE_DATA:
         return (cols, rows)
+    if mode in (M.MXFP8_1D, M.NVFP4_1D):
+        # row-major byte scales per 32 / 16 along each copy's rows, padded to 128 x 4
+        b = 32 if mode == M.MXFP8_1D else 16
+        r, c = (rows, cols) if part == P.ROWWISE_SCALE_INV else (cols, rows)
+        return (ru(r, 128), ru(cd(c, b), 4))
     if mode == M.PER_TENSOR:
         return (1,)
     if mode == M.BLOCK_1D:
@@ -41,7 +46,7 @@ def table(mode, part, shape):
 
 
 @pytest.mark.parametrize("part", list(P.__members__.values()), ids=str)
-@pytest.mark.parametrize("mode", [M.PER_TENSOR, M.BLOCK_1D, M.BLOCK_2D], ids=str)
+@pytest.mark.parametrize("mode", [M.PER_TENSOR, M.BLOCK_1D, M.BLOCK_2D, M.MXFP8_1D, M.NVFP4_1D], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_quantized_shape_table(shape, mode, part):
     assert _C.quantized_shape(int(mode), int(part), list(shape)) == table(mode, part, shape)
@@ -58,9 +63,20 @@ def test_quantized_shape_spot_values():
     assert _C.quantized_shape(int(M.BLOCK_2D), int(P.ROWWISE_SCALE_INV), [0, 5]) == (0, 4)
 
 
-@pytest.mark.parametrize("mode", [M.MXFP8_1D, M.NVFP4_1D], ids=str)
-@pytest.mark.parametrize("part", list(P.__members__.values()), ids=str)
-def test_unimplemented_modes_raise_not_implemented(mode, part):
-    name = "mxfp8_1d" if mode == M.MXFP8_1D else "nvfp4_1d"
-    with pytest.raises(NotImplementedError, match=f"scaling_mode {name}: .*not implemented"):
-        _C.quantized_shape(int(mode), int(part), [32, 64])
+def test_quantized_shape_mx_spot_values():
+    # hand-computed: [1000, 3] -> M = 1000, K = 3; [2, 3, 129] -> M = 6, K = 129
+    mx, nv = int(M.MXFP8_1D), int(M.NVFP4_1D)
+    assert _C.quantized_shape(mx, int(P.ROWWISE_SCALE_INV), [1000, 3]) == (1024, 4)
+    assert _C.quantized_shape(mx, int(P.COLUMNWISE_SCALE_INV), [1000, 3]) == (128, 32)
+    assert _C.quantized_shape(nv, int(P.COLUMNWISE_SCALE_INV), [1000, 3]) == (128, 64)
+    assert _C.quantized_shape(mx, int(P.ROWWISE_SCALE_INV), [2, 3, 129]) == (128, 8)
+    assert _C.quantized_shape(nv, int(P.ROWWISE_SCALE_INV), [2, 3, 129]) == (128, 12)
+    assert _C.quantized_shape(nv, int(P.COLUMNWISE_DATA), [2, 3, 129]) == (129, 6)
+    assert _C.quantized_shape(mx, int(P.ROWWISE_SCALE_INV), []) == (128, 4)
+    assert _C.quantized_shape(nv, int(P.ROWWISE_SCALE_INV), [0, 5]) == (0, 4)
+    assert _C.quantized_shape(nv, int(P.ROWWISE_SCALE_INV), [5, 0]) == (128, 0)
+
+
+def test_quantized_shape_bad_part():
+    with pytest.raises(ValueError, match="part: expected a te_quantized_part value 0..3, got 9"):
+        _C.quantized_shape(int(M.MXFP8_1D), 9, [4, 4])

@@ -2,6 +2,7 @@
 // points fail with one clear message (validate.cpp's require_cuda says why before these run).
 #include "common/error.h"
 #include "common/kernels.h"
+#include "common/kernels_mx.h"
 
 namespace te::cuda {
 
@@ -27,5 +28,14 @@ void norm_bwd(const NormBwdArgs&, void*) { no_cuda(); }
 void activation_fwd(const ActivationFwdArgs&, void*) { no_cuda(); }
 void activation_bwd(const ActivationBwdArgs&, void*) { no_cuda(); }
 void dbias_quantize(const DbiasQuantizeArgs&, void*) { no_cuda(); }
+
+}  // namespace te::cuda
+
+namespace te::cuda {
+
+void quantize_mxfp8(const Mxfp8QuantizeArgs&, void*) { no_cuda(); }
+void quantize_nvfp4(const Nvfp4QuantizeArgs&, void*) { no_cuda(); }
+void dequantize_mx(const MxDequantizeArgs&, void*) { no_cuda(); }
+void gemm_mx(const GemmArgs&, void*) { no_cuda(); }
 
 }  // namespace te::cuda

@@ -1,4 +1,6 @@
 // te_dequantize: reads the row-wise copy if present, else the column-wise (transposed) one.
+// MXFP8 and NVFP4 go through api/quantize_mx.cpp.
+#include "api/quantize_mx.h"
 #include "common/error.h"
 #include "common/kernels.h"
 #include "common/layout.h"
@@ -9,11 +11,15 @@ extern "C" te_status te_dequantize(const te_quantized_tensor* input, te_tensor* 
                                    void* stream) {
   return te::guard("te_dequantize", [&] {
     TE_CHECK_ARG(input != nullptr, "input: expected a quantized tensor descriptor, got NULL");
-    te::check_struct_size(input->struct_size, sizeof(te_quantized_tensor), "input");
+    te::check_struct_size(input->struct_size, te::kQuantizedTensorV1Size, "input");
     te::check_tensor(output, "output");
     te::check_dtype(*output, "output", {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
     const int32_t mode = input->scaling_mode;
     te::quantized_shape(mode, TE_PART_ROWWISE_DATA, output->shape, output->ndim);
+    if (te::is_mx_mode(mode)) {
+      te::dequantize_mx_tensor(*input, output, stream);
+      return;
+    }
     const bool transposed = !te::present(input->rowwise_data);
     const te_tensor& data = transposed ? input->columnwise_data : input->rowwise_data;
     const te_tensor& scale_inv = transposed ? input->columnwise_scale_inv

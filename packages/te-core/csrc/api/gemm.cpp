@@ -5,6 +5,8 @@
 // Decisions where te/gemm.h is silent (each is an error with a message, never a silent guess):
 //   - an operand is high precision or FP8 by the dtype of its data; high-precision operands take
 //     no scale_inv, their column-wise copy is ignored;
+//   - MXFP8 / NVFP4 operands (by scaling mode) are read like FP8 ones, from the copy with K
+//     contiguous, even though the emulated path could read either;
 //   - beta must be 0 for an FP8 output (there is no high-precision D to read back);
 //   - with an FP8 output, bias / bias_grad may be bf16 or fp32 ("the output's dtype" has no FP8
 //     meaning here);
@@ -15,9 +17,12 @@
 #include <cmath>
 #include <string>
 
+#include "api/quantize_mx.h"
 #include "common/error.h"
 #include "common/kernels.h"
+#include "common/kernels_mx.h"
 #include "common/layout.h"
+#include "common/log.h"
 #include "common/validate.h"
 
 namespace te {
@@ -48,10 +53,80 @@ struct Operand {
   int64_t rows = 0, cols = 0;  // the source's matrix view (A: [M, K] or [K, M], ...)
   int32_t dtype = 0;
   bool fp8 = false;
+  bool mx = false;   // MXFP8_1D / NVFP4_1D
+  bool rht = false;  // the chosen copy carries NVFP4's Hadamard transform
   GemmOperand kernel{};
   const te_tensor* data = nullptr;  // the chosen copy
   std::string data_name;            // its name, for messages
 };
+
+// An MXFP8 / NVFP4 operand: like FP8, the copy with K contiguous (every backend dequantizes that
+// copy, as Blackwell's native kernels would read it), its byte scales, and for NVFP4 the global
+// amax entry of that copy.
+Operand read_mx_operand(const te_quantized_tensor* q, const char* name, int32_t trans,
+                        bool rowwise_wanted) {
+  const std::string n(name);
+  const int32_t mode = q->scaling_mode;
+  const bool nvfp4 = mode == TE_SCALING_NVFP4_1D;
+  const te_tensor& data = rowwise_wanted ? q->rowwise_data : q->columnwise_data;
+  const te_tensor& scale_inv = rowwise_wanted ? q->rowwise_scale_inv : q->columnwise_scale_inv;
+  Operand op;
+  op.mx = true;
+  op.data_name = n + (rowwise_wanted ? "->rowwise_data" : "->columnwise_data");
+  const std::string scale_name =
+      n + (rowwise_wanted ? "->rowwise_scale_inv" : "->columnwise_scale_inv");
+  TE_CHECK_ARG(present(data), op.data_name, ": trans_", n, " = ", trans, " needs the ",
+               rowwise_wanted ? "row-wise copy (quantize with rowwise usage)"
+                              : "column-wise copy (quantize with columnwise usage)",
+               ", got NULL");
+  check_tensor(data, op.data_name);
+  if (nvfp4) {
+    check_dtype(data, op.data_name, {TE_DTYPE_FLOAT4_E2M1});
+  } else {
+    check_dtype(data, op.data_name, {TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2});
+  }
+  if (rowwise_wanted) {
+    matrix_dims(data, &op.rows, &op.cols);
+  } else {
+    TE_CHECK_ARG(data.ndim == 2, op.data_name,
+                 ".shape: expected 2 dims (the [cols, rows] transposed copy), got ",
+                 shape_string(data.shape, data.ndim));
+    op.rows = data.shape[1];
+    op.cols = data.shape[0];
+  }
+  // The chosen copy is stored with K contiguous: [M, K] for A, [N, K] for B.
+  if (nvfp4) check_e2m1_rows(op.data_name, rowwise_wanted ? op.cols : op.rows, "K");
+  const int64_t source[2] = {op.rows, op.cols};
+  const int32_t part = rowwise_wanted ? TE_PART_ROWWISE_SCALE_INV : TE_PART_COLUMNWISE_SCALE_INV;
+  check_tensor(scale_inv, scale_name);
+  check_dtype(scale_inv, scale_name, {mx_scale_dtype(mode)});
+  check_same_device(scale_inv, scale_name, data.device, op.data_name);
+  check_shape(scale_inv, scale_name, quantized_shape(mode, part, source, 2),
+              "the block-scale layout of te/tensor.h for this operand");
+  op.dtype = data.dtype;
+  op.data = &data;
+  op.kernel.data = data.data;
+  op.kernel.dtype = data.dtype;
+  op.kernel.scaling_mode = mode;
+  op.kernel.trans = n == "b";
+  op.kernel.scale_inv = nullptr;
+  op.kernel.scale_ld = scale_inv.shape[1];
+  op.kernel.mx_scale_inv = static_cast<const uint8_t*>(scale_inv.data);
+  if (nvfp4) {
+    const std::string amax_name = n + "->amax";
+    TE_CHECK_ARG(present(q->amax), amax_name,
+                 ": nvfp4_1d needs the fp32 [2] global amaxes (row-wise, column-wise), got NULL");
+    check_tensor(q->amax, amax_name);
+    check_dtype(q->amax, amax_name, {TE_DTYPE_FLOAT32});
+    check_numel(q->amax, amax_name, 2);
+    check_same_device(q->amax, amax_name, data.device, op.data_name);
+    op.kernel.global_amax = static_cast<const float*>(q->amax.data) + (rowwise_wanted ? 0 : 1);
+    op.rht = !rowwise_wanted && columnwise_rht_of(*q) != 0;
+  } else {
+    TE_CHECK_ARG(!columnwise_rht_of(*q), n, "->columnwise_rht: only for nvfp4_1d, got 1");
+  }
+  return op;
+}
 
 // `name` is "a" or "b"; `trans` its config flag; `rowwise_wanted`: for FP8, whether this layout
 // reads the row-wise copy (A: trans_a = 0, B: trans_b = 1).
@@ -60,15 +135,11 @@ Operand read_operand(const te_quantized_tensor* q, const char* name, int32_t tra
   const std::string n(name);
   const std::string tname = "trans_" + n;
   TE_CHECK_ARG(q != nullptr, n, ": expected a quantized tensor descriptor, got NULL");
-  check_struct_size(q->struct_size, sizeof(te_quantized_tensor), name);
+  check_struct_size(q->struct_size, kQuantizedTensorV1Size, name);
   const int32_t mode = q->scaling_mode;
-  if (mode == TE_SCALING_MXFP8_1D || mode == TE_SCALING_NVFP4_1D) {
-    fail(TE_ERROR_UNSUPPORTED, n, "->scaling_mode: ", scaling_mode_name(mode),
-         " operands are not supported by te_gemm in this te-core version (per_tensor, "
-         "block_1d and block_2d are)");
-  }
-  TE_CHECK_ARG(mode >= TE_SCALING_PER_TENSOR && mode <= TE_SCALING_BLOCK_2D, n,
+  TE_CHECK_ARG(mode >= TE_SCALING_PER_TENSOR && mode <= TE_SCALING_NVFP4_1D, n,
                "->scaling_mode: expected a te_scaling_mode value 0..4, got ", mode);
+  if (is_mx_mode(mode)) return read_mx_operand(q, name, trans, rowwise_wanted);
   const bool has_row = present(q->rowwise_data);
   const bool has_col = present(q->columnwise_data);
   TE_CHECK_ARG(has_row || has_col, n,
@@ -156,6 +227,22 @@ Operand read_operand(const te_quantized_tensor* q, const char* name, int32_t tra
 }
 
 void check_pair(const Operand& a, const Operand& b, int32_t a_mode, int32_t b_mode) {
+  if (a.mx || b.mx) {
+    TE_CHECK_ARG(a_mode == b_mode, "b->scaling_mode: expected ", scaling_mode_name(a_mode),
+                 " like a's (te_gemm does not mix MXFP8 or NVFP4 operands with other scaling "
+                 "modes: both operands are mxfp8_1d, or both nvfp4_1d), got ",
+                 scaling_mode_name(b_mode));
+    TE_CHECK_ARG(!(a.dtype == TE_DTYPE_FLOAT8_E5M2 && b.dtype == TE_DTYPE_FLOAT8_E5M2),
+                 b.data_name, ".dtype: expected float8_e4m3 when a is float8_e5m2 (E5M2 x E5M2 "
+                 "is not a supported MXFP8 GEMM), got float8_e5m2");
+    TE_CHECK_ARG(a.rht == b.rht, a.rht ? "b" : "a",
+                 ": the other operand's column-wise copy carries the Hadamard transform "
+                 "(columnwise_rht) and this one's ", a.rht ? b.data_name : a.data_name,
+                 " does not; the transforms cancel in the product only when both operands of "
+                 "the contraction carry them (quantize both column-wise copies with it, or "
+                 "neither)");
+    return;
+  }
   if (!a.fp8 || !b.fp8) {
     TE_CHECK_ARG(a.fp8 == b.fp8, b.data_name, ".dtype: expected ",
                  a.fp8 ? "an FP8 dtype like a's " : "a high-precision dtype like a's ",
@@ -234,7 +321,7 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
 
   // The output.
   TE_CHECK_ARG(d_desc != nullptr, "d: expected a quantized tensor descriptor, got NULL");
-  check_struct_size(d_desc->struct_size, sizeof(te_quantized_tensor), "d");
+  check_struct_size(d_desc->struct_size, kQuantizedTensorV1Size, "d");
   const te_tensor& d = d_desc->rowwise_data;
   TE_CHECK_ARG(d_desc->scaling_mode == TE_SCALING_PER_TENSOR,
                "d->scaling_mode: expected per_tensor (te_gemm writes a high-precision or a "
@@ -347,8 +434,21 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   args.split_accumulator = cfg.use_split_accumulator != 0;
   args.workspace = present(cfg.workspace) ? cfg.workspace.data : nullptr;
   args.workspace_bytes = present(cfg.workspace) ? cfg.workspace.shape[0] : 0;
-  dispatch(device, device_name, [&] { cpu::gemm(args, stream); },
-           [&] { cuda::gemm(args, stream); });
+  if (a.mx) {
+    const std::string mode = scaling_mode_name(a.kernel.scaling_mode);
+    dispatch(device, device_name,
+             [&] {
+               log_info_once(concat("gemm-mx-cpu ", mode),
+                             concat("te_gemm: ", mode, " operands on the CPU run by block "
+                                    "dequantization to BF16 and an fp32-accumulated product "
+                                    "(the reference numerics; not fast). Logged once."));
+               cpu::gemm(args, stream);
+             },
+             [&] { cuda::gemm_mx(args, stream); });
+  } else {
+    dispatch(device, device_name, [&] { cpu::gemm(args, stream); },
+             [&] { cuda::gemm(args, stream); });
+  }
 }
 
 }  // namespace

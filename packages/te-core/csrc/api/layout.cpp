@@ -11,12 +11,20 @@ std::vector<int64_t> quantized_shape(int32_t scaling_mode, int32_t part, const i
   const int64_t cols = ndim == 0 ? 1 : shape[ndim - 1];
   int64_t rows = 1;
   for (int32_t i = 0; i + 1 < ndim; ++i) rows *= shape[i];
-  const bool block = scaling_mode == TE_SCALING_BLOCK_1D || scaling_mode == TE_SCALING_BLOCK_2D;
-  if (scaling_mode != TE_SCALING_PER_TENSOR && !block) {
-    TE_CHECK_ARG(scaling_mode == TE_SCALING_MXFP8_1D || scaling_mode == TE_SCALING_NVFP4_1D,
-                 "scaling_mode: expected a te_scaling_mode value 0..4, got ", scaling_mode);
-    fail(TE_ERROR_UNSUPPORTED, "scaling_mode ", scaling_mode_name(scaling_mode),
-         ": quantization to this format is not implemented in this te-core version");
+  TE_CHECK_ARG(scaling_mode >= TE_SCALING_PER_TENSOR && scaling_mode <= TE_SCALING_NVFP4_1D,
+               "scaling_mode: expected a te_scaling_mode value 0..4, got ", scaling_mode);
+  if (is_mx_mode(scaling_mode)) {
+    // Each copy is blocked along its own rows: the column-wise copy is the row-wise layout of
+    // the [K, M] transpose.
+    const int64_t b = mx_block(scaling_mode);
+    switch (part) {
+      case TE_PART_ROWWISE_DATA: return std::vector<int64_t>(shape, shape + ndim);
+      case TE_PART_COLUMNWISE_DATA: return {cols, rows};
+      case TE_PART_ROWWISE_SCALE_INV:
+        return {round_up(rows, kMxScaleRowAlign), round_up(ceil_div(cols, b), kMxScaleColAlign)};
+      case TE_PART_COLUMNWISE_SCALE_INV:
+        return {round_up(cols, kMxScaleRowAlign), round_up(ceil_div(rows, b), kMxScaleColAlign)};
+    }
   }
   switch (part) {
     case TE_PART_ROWWISE_DATA: return std::vector<int64_t>(shape, shape + ndim);

@@ -1,10 +1,13 @@
-// te_quantize: validates the request (api/quantize_output.cpp: against the layout table of
-// common/layout.h) and hands the matching kernel of the tensor's device a flat argument struct.
+// te_quantize: validates the request (api/quantize_output.cpp, and api/quantize_mx.cpp for MXFP8
+// and NVFP4: against the layout table of common/layout.h) and hands the matching kernel of the
+// tensor's device a flat argument struct.
 #include "te/quantize.h"
 
+#include "api/quantize_mx.h"
 #include "api/quantize_output.h"
 #include "common/error.h"
 #include "common/kernels.h"
+#include "common/layout.h"
 #include "common/validate.h"
 
 namespace te {
@@ -14,6 +17,19 @@ void quantize(const te_tensor* input, te_quantized_tensor* output, const te_quan
               void* stream) {
   check_tensor(input, "input");
   check_dtype(*input, "input", {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
+  TE_CHECK_ARG(output != nullptr, "output: expected a quantized tensor descriptor, got NULL");
+  check_struct_size(output->struct_size, kQuantizedTensorV1Size, "output");
+  if (is_mx_mode(output->scaling_mode)) {
+    const MxQuantizePlan mx = plan_quantize_mx(*input, output, config);
+    if (mx.nvfp4) {
+      dispatch(input->device, "input", [&] { cpu::quantize_nvfp4(mx.nvfp4_args, stream); },
+               [&] { cuda::quantize_nvfp4(mx.nvfp4_args, stream); });
+    } else {
+      dispatch(input->device, "input", [&] { cpu::quantize_mxfp8(mx.mxfp8, stream); },
+               [&] { cuda::quantize_mxfp8(mx.mxfp8, stream); });
+    }
+    return;
+  }
   FusedOutput plan;
   plan_quantize(*input, output, config, "output", "config", &plan);
   if (plan.kind == kFusedPerTensor) {

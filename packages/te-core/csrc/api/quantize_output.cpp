@@ -2,6 +2,7 @@
 // against the layout table (common/layout.h), and the flat kernel arguments they produce.
 #include "api/quantize_output.h"
 
+#include <cstddef>
 #include <string>
 
 #include "common/error.h"
@@ -13,19 +14,6 @@ namespace {
 
 constexpr std::initializer_list<int32_t> kFp8Dtypes = {TE_DTYPE_FLOAT8_E4M3,
                                                        TE_DTYPE_FLOAT8_E5M2};
-
-te_quant_config read_config(const te_quant_config* config, const std::string& name) {
-  te_quant_config c = te_quant_config_init();
-  if (config == nullptr) return c;
-  check_struct_size(config->struct_size, sizeof(te_quant_config), name.c_str());
-  c = *config;
-  TE_CHECK_ARG(c.amax_epsilon >= 0.0f, name, "->amax_epsilon: expected a value >= 0, got ",
-               c.amax_epsilon);
-  TE_CHECK_ARG(!c.use_existing_amax || c.compute_scale, name,
-               "->use_existing_amax: only meaningful with compute_scale = 1 (current "
-               "scaling), got compute_scale = 0");
-  return c;
-}
 
 // Checks one present part of `q` against the source shape.
 void check_part(const te_tensor& part, const std::string& name, int32_t mode, int32_t which,
@@ -60,13 +48,43 @@ void check_scalar(const te_tensor& t, const std::string& name, const te_tensor& 
 
 }  // namespace
 
+te_quant_config read_quant_config(const te_quant_config* config, const std::string& name) {
+  te_quant_config c = te_quant_config_init();
+  if (config == nullptr) return c;
+  read_versioned(*config, offsetof(te_quant_config, with_2d_quantization), name.c_str(), &c);
+  TE_CHECK_ARG(c.amax_epsilon >= 0.0f, name, "->amax_epsilon: expected a value >= 0, got ",
+               c.amax_epsilon);
+  TE_CHECK_ARG(!c.use_existing_amax || c.compute_scale, name,
+               "->use_existing_amax: only meaningful with compute_scale = 1 (current "
+               "scaling), got compute_scale = 0");
+  TE_CHECK_ARG(c.with_2d_quantization == 0 || c.with_2d_quantization == 1, name,
+               "->with_2d_quantization: expected 0 or 1, got ", c.with_2d_quantization);
+  TE_CHECK_ARG(c.stochastic_rounding == 0 || c.stochastic_rounding == 1, name,
+               "->stochastic_rounding: expected 0 or 1, got ", c.stochastic_rounding);
+  return c;
+}
+
 void plan_quantize(const te_tensor& source, te_quantized_tensor* output,
                    const te_quant_config* config, const std::string& name,
                    const std::string& config_name, FusedOutput* out) {
   TE_CHECK_ARG(output != nullptr, name, ": expected a quantized tensor descriptor, got NULL");
-  check_struct_size(output->struct_size, sizeof(te_quantized_tensor), name.c_str());
-  const te_quant_config cfg = read_config(config, config_name);
+  check_struct_size(output->struct_size, kQuantizedTensorV1Size, name.c_str());
   const int32_t mode = output->scaling_mode;
+  if (is_mx_mode(mode)) {
+    fail(TE_ERROR_UNSUPPORTED, name, "->scaling_mode: ", scaling_mode_name(mode),
+         " output from a fused op is not implemented; write the result in high precision and "
+         "quantize it with te_quantize");
+  }
+  const te_quant_config cfg = read_quant_config(config, config_name);
+  TE_CHECK_ARG(!cfg.with_2d_quantization, config_name,
+               "->with_2d_quantization: only for mxfp8_1d and nvfp4_1d (block_2d is its own "
+               "scaling mode), got 1 with scaling mode ", scaling_mode_name(mode));
+  TE_CHECK_ARG(!cfg.stochastic_rounding, config_name,
+               "->stochastic_rounding: only for nvfp4_1d, got 1 with scaling mode ",
+               scaling_mode_name(mode));
+  TE_CHECK_ARG(!columnwise_rht_of(*output), name,
+               "->columnwise_rht: only for nvfp4_1d, got 1 with scaling mode ",
+               scaling_mode_name(mode));
   const bool rowwise = present(output->rowwise_data);
   const bool columnwise = present(output->columnwise_data);
 
@@ -160,7 +178,7 @@ FusedOutput plan_fused_output(const te_tensor& shape, te_quantized_tensor* outpu
                               const te_quant_config* config, const std::string& name,
                               const std::string& config_name) {
   TE_CHECK_ARG(output != nullptr, name, ": expected a quantized tensor descriptor, got NULL");
-  check_struct_size(output->struct_size, sizeof(te_quantized_tensor), name.c_str());
+  check_struct_size(output->struct_size, kQuantizedTensorV1Size, name.c_str());
   const te_tensor& data = output->rowwise_data;
   if (!present(data) || is_fp8(data.dtype)) {
     FusedOutput out;

@@ -10,6 +10,10 @@
 
 namespace te {
 
+// `config` read as the caller's struct_size covers it (NULL: the defaults) and its fields checked
+// for what every mode requires; `name` names it in messages.
+te_quant_config read_quant_config(const te_quant_config* config, const std::string& name);
+
 // Validates `output` as the quantized form of a source shaped and placed like `source` (its dtype
 // and data are copied into the args, not checked) and `config` (may be NULL; named `config_name`
 // in messages), and builds the kernel args. Part names in messages are `name`->rowwise_data etc.

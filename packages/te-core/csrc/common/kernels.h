@@ -86,7 +86,11 @@ struct GemmOperand {
   int32_t scaling_mode;     // PER_TENSOR (also high precision: scale_inv == nullptr), BLOCK_1D/2D
   bool trans;               // A: stored [K, M] (else [M, K]); B: stored [N, K] (else [K, N])
   const float* scale_inv;   // [1] per-tensor; block layout of te/tensor.h for the chosen copy
-  int64_t scale_ld;         // leading dimension of a block scale_inv
+  int64_t scale_ld;         // leading dimension of a block scale_inv (also of mx_scale_inv)
+  // MXFP8_1D / NVFP4_1D (kernels_mx.h): the chosen copy's E8M0 / E4M3 scales, scale_ld per
+  // stored row, and for NVFP4 the fp32 global amax that copy was encoded with.
+  const uint8_t* mx_scale_inv;
+  const float* global_amax;
 };
 
 // D[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta D, then the epilogue (te/gemm.h).

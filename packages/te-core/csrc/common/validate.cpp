@@ -167,6 +167,12 @@ void check_struct_size(uint32_t struct_size, size_t min_size, const char* name) 
                " (set it with the *_init() helper of te's headers), got ", struct_size);
 }
 
+int32_t columnwise_rht_of(const te_quantized_tensor& q) {
+  return q.struct_size >= offsetof(te_quantized_tensor, columnwise_rht) + sizeof(int32_t)
+             ? q.columnwise_rht
+             : 0;
+}
+
 void require_cuda(const te_device& device, const std::string& name) {
   if (!cuda::available()) {
 #ifdef TE_WITH_CUDA

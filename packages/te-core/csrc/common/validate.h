@@ -3,7 +3,9 @@
 // was expected and what was given.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -40,6 +42,23 @@ void check_same_device(const te_tensor& t, const std::string& name, const te_dev
 
 // Reads a versioned struct's size field: at least `min_size`, the v1 layout.
 void check_struct_size(uint32_t struct_size, size_t min_size, const char* name);
+
+// The first published sizes of the structs that grew (te/tensor.h "Versions"): a caller compiled
+// against them passes this struct_size, and the fields past it take their defaults.
+constexpr size_t kQuantizedTensorV1Size = offsetof(te_quantized_tensor, columnwise_rht);
+
+// te_quantized_tensor.columnwise_rht, or 0 when the caller's struct_size does not reach it.
+int32_t columnwise_rht_of(const te_quantized_tensor& q);
+
+// Copies the part of a versioned struct that its struct_size covers (at least `v1_size`) over
+// `*out`, which holds the defaults; out->struct_size becomes sizeof(T).
+template <typename T>
+void read_versioned(const T& in, size_t v1_size, const char* name, T* out) {
+  check_struct_size(in.struct_size, v1_size, name);
+  const size_t n = in.struct_size < sizeof(T) ? in.struct_size : sizeof(T);
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(&in), n);
+  out->struct_size = static_cast<uint32_t>(sizeof(T));
+}
 
 // Runs `cpu()` or, for a CUDA device, makes that device current and runs `cuda()`. Fails clearly
 // when a CUDA tensor reaches a build or machine without CUDA.

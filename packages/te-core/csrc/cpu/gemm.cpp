@@ -1,7 +1,8 @@
 // The reference GEMM: D[M, N] = alpha op(A) op(B) + beta D, then the epilogue (te/gemm.h).
 //
 // 1. Dequantize each operand to fp32 while packing it: op(A) as Ap [M, K] and op(B) as Bp [K, N].
-//    An element is float(q) * scale_inv (one fp32 multiply), or the high-precision value itself.
+//    An element is float(q) * scale_inv (one fp32 multiply), or the high-precision value itself;
+//    MXFP8/NVFP4 elements are block-dequantized and rounded to BF16 (te/gemm.h).
 // 2. Accumulate in fp32: acc[i, j] = sum over k of Ap[i, k] * Bp[k, j], each output's sum in
 //    increasing k with one fp32 accumulator. The i-k-j loop (blocked over j and k so a panel of
 //    Bp stays in cache) keeps that order while vectorizing across j.
@@ -22,6 +23,7 @@
 #include "common/kernels.h"
 #include "common/scaling.h"
 #include "cpu/fp_convert.h"
+#include "cpu/mx_convert.h"
 #include "te/gemm.h"
 
 namespace te {
@@ -36,9 +38,14 @@ bool is_fp8(int32_t dtype) {
   return dtype == TE_DTYPE_FLOAT8_E4M3 || dtype == TE_DTYPE_FLOAT8_E5M2;
 }
 
-// Element (sr, sc) of an operand stored [rows, cols], as fp32.
-float element(const GemmOperand& op, int64_t cols, int64_t sr, int64_t sc) {
+// Element (sr, sc) of an operand stored [rows, cols], as fp32. MXFP8/NVFP4 elements are the
+// block-dequantized value rounded to BF16, the operands te's emulated block-scaled GEMM feeds to
+// the BF16 product on every backend.
+float element(const GemmOperand& op, const MxCopy& mx, int64_t cols, int64_t sr, int64_t sc) {
   const int64_t i = sr * cols + sc;
+  if (op.scaling_mode == TE_SCALING_MXFP8_1D || op.scaling_mode == TE_SCALING_NVFP4_1D) {
+    return bf16_to_float(float_to_bf16(mx.at(sr, sc)));
+  }
   if (!is_fp8(op.dtype)) return load_as_float(op.data, op.dtype, i);
   float scale_inv;
   switch (op.scaling_mode) {
@@ -56,9 +63,13 @@ float element(const GemmOperand& op, int64_t cols, int64_t sr, int64_t sc) {
 void pack(const GemmOperand& op, bool trans, int64_t rows_out, int64_t cols_out, float* out) {
   const int64_t stored_rows = trans ? cols_out : rows_out;
   const int64_t stored_cols = trans ? rows_out : cols_out;
+  const bool nvfp4 = op.scaling_mode == TE_SCALING_NVFP4_1D;
+  const MxCopy mx{op.scaling_mode, static_cast<const uint8_t*>(op.data), op.dtype,
+                  op.mx_scale_inv, op.scale_ld, stored_cols,
+                  nvfp4 ? nvfp4_decode_scale(*op.global_amax) : 0.0f};
   for (int64_t sr = 0; sr < stored_rows; ++sr) {
     for (int64_t sc = 0; sc < stored_cols; ++sc) {
-      const float v = element(op, stored_cols, sr, sc);
+      const float v = element(op, mx, stored_cols, sr, sc);
       if (trans) {
         out[sc * cols_out + sr] = v;
       } else {

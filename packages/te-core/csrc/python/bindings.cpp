@@ -264,7 +264,7 @@ PYBIND11_MODULE(_C, m) {
                        std::optional<te_tensor> rowwise_scale_inv,
                        std::optional<te_tensor> columnwise_data,
                        std::optional<te_tensor> columnwise_scale_inv,
-                       std::optional<te_tensor> amax, std::optional<te_tensor> scale) {
+                       std::optional<te_tensor> amax, std::optional<te_tensor> scale, bool columnwise_rht) {
              te_quantized_tensor q = te_quantized_tensor_init(mode);
              q.rowwise_data = or_absent(rowwise_data);
              q.rowwise_scale_inv = or_absent(rowwise_scale_inv);
@@ -272,12 +272,13 @@ PYBIND11_MODULE(_C, m) {
              q.columnwise_scale_inv = or_absent(columnwise_scale_inv);
              q.amax = or_absent(amax);
              q.scale = or_absent(scale);
+             q.columnwise_rht = columnwise_rht;
              return q;
            }),
            py::arg("scaling_mode"), py::arg("rowwise_data") = py::none(),
            py::arg("rowwise_scale_inv") = py::none(), py::arg("columnwise_data") = py::none(),
            py::arg("columnwise_scale_inv") = py::none(), py::arg("amax") = py::none(),
-           py::arg("scale") = py::none())
+           py::arg("scale") = py::none(), py::arg("columnwise_rht") = false)
       .def_readwrite("struct_size", &te_quantized_tensor::struct_size)
       .def_readwrite("scaling_mode", &te_quantized_tensor::scaling_mode)
       .def_readwrite("rowwise_data", &te_quantized_tensor::rowwise_data)
@@ -285,24 +286,37 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("columnwise_data", &te_quantized_tensor::columnwise_data)
       .def_readwrite("columnwise_scale_inv", &te_quantized_tensor::columnwise_scale_inv)
       .def_readwrite("amax", &te_quantized_tensor::amax)
-      .def_readwrite("scale", &te_quantized_tensor::scale);
+      .def_readwrite("scale", &te_quantized_tensor::scale)
+      .def_readwrite("columnwise_rht", &te_quantized_tensor::columnwise_rht);
 
   py::class_<te_quant_config>(m, "QuantConfig", "te_quant_config")
       .def(py::init([](bool compute_scale, bool use_existing_amax, bool force_pow2_scales,
-                       float amax_epsilon) {
+                       float amax_epsilon, bool with_2d_quantization, bool stochastic_rounding,
+                       uint64_t rng_seed, uint64_t rng_offset) {
              te_quant_config c = te_quant_config_init();
              c.compute_scale = compute_scale;
              c.use_existing_amax = use_existing_amax;
              c.force_pow2_scales = force_pow2_scales;
              c.amax_epsilon = amax_epsilon;
+             c.with_2d_quantization = with_2d_quantization;
+             c.stochastic_rounding = stochastic_rounding;
+             c.rng_seed = rng_seed;
+             c.rng_offset = rng_offset;
              return c;
            }),
            py::arg("compute_scale") = false, py::arg("use_existing_amax") = false,
-           py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f)
+           py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f,
+           py::arg("with_2d_quantization") = false, py::arg("stochastic_rounding") = false,
+           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0)
+      .def_readwrite("struct_size", &te_quant_config::struct_size)
       .def_readwrite("compute_scale", &te_quant_config::compute_scale)
       .def_readwrite("use_existing_amax", &te_quant_config::use_existing_amax)
       .def_readwrite("force_pow2_scales", &te_quant_config::force_pow2_scales)
-      .def_readwrite("amax_epsilon", &te_quant_config::amax_epsilon);
+      .def_readwrite("amax_epsilon", &te_quant_config::amax_epsilon)
+      .def_readwrite("with_2d_quantization", &te_quant_config::with_2d_quantization)
+      .def_readwrite("stochastic_rounding", &te_quant_config::stochastic_rounding)
+      .def_readwrite("rng_seed", &te_quant_config::rng_seed)
+      .def_readwrite("rng_offset", &te_quant_config::rng_offset);
 
   py::enum_<te_gemm_epilogue>(m, "Epilogue")
       .value("DEFAULT", TE_EPILOGUE_DEFAULT)
@@ -533,7 +547,8 @@ PYBIND11_MODULE(_C, m) {
       [](uintptr_t x_ptr, int32_t x_dtype, py::handle shape, int64_t device, int32_t scaling_mode,
          int32_t out_dtype, uintptr_t rd_ptr, uintptr_t rs_ptr, py::handle rs_shape,
          uintptr_t cd_ptr, py::handle cd_shape, uintptr_t cs_ptr, py::handle cs_shape,
-         py::handle amax, py::handle scale, const te_quant_config* config, uintptr_t stream) {
+         py::handle amax, py::handle scale, const te_quant_config* config, uintptr_t stream,
+         bool columnwise_rht) {
         const te_device dev = device_of(device);
         te_tensor x{};
         x.data = reinterpret_cast<void*>(x_ptr);
@@ -541,16 +556,21 @@ PYBIND11_MODULE(_C, m) {
         fill_shape(x, shape, "shape");
         x.device = dev;
         te_quantized_tensor q = te_quantized_tensor_init(scaling_mode);
+        // Scales are fp32 but for MXFP8 (E8M0) and NVFP4 (E4M3); te validates the rest.
+        const int32_t scale_dtype = scaling_mode == TE_SCALING_MXFP8_1D   ? TE_DTYPE_FLOAT8_E8M0
+                                    : scaling_mode == TE_SCALING_NVFP4_1D ? TE_DTYPE_FLOAT8_E4M3
+                                                                          : TE_DTYPE_FLOAT32;
         if (!rs_shape.is_none()) {  // the row-wise data has x's shape
           q.rowwise_data = x;
           q.rowwise_data.data = reinterpret_cast<void*>(rd_ptr);
           q.rowwise_data.dtype = out_dtype;
-          q.rowwise_scale_inv = part(rs_ptr, TE_DTYPE_FLOAT32, rs_shape, dev, "rs_shape");
+          q.rowwise_scale_inv = part(rs_ptr, scale_dtype, rs_shape, dev, "rs_shape");
         }
         q.columnwise_data = part(cd_ptr, out_dtype, cd_shape, dev, "cd_shape");
-        q.columnwise_scale_inv = part(cs_ptr, TE_DTYPE_FLOAT32, cs_shape, dev, "cs_shape");
+        q.columnwise_scale_inv = part(cs_ptr, scale_dtype, cs_shape, dev, "cs_shape");
         q.amax = spec(amax, "amax");
         q.scale = spec(scale, "scale");
+        q.columnwise_rht = columnwise_rht;
         check(without_gil([&] { return te_quantize(&x, &q, config, as_stream(stream)); }));
       },
       py::arg("x_ptr"), py::arg("x_dtype"), py::arg("shape"), py::arg("device"),
@@ -558,46 +578,55 @@ PYBIND11_MODULE(_C, m) {
       py::arg("rs_shape").none(true), py::arg("cd_ptr"), py::arg("cd_shape").none(true),
       py::arg("cs_ptr"), py::arg("cs_shape").none(true), py::arg("amax").none(true),
       py::arg("scale").none(true), py::arg("config").none(true), py::arg("stream"),
+      py::arg("columnwise_rht") = false,
       "te_quantize on plain ints: x (x_ptr, x_dtype, shape, device: -1 CPU, else the CUDA "
-      "ordinal) into out_dtype row-wise data [x's shape] + fp32 scale_inv of rs_shape (absent if "
-      "rs_shape is None) and column-wise data of cd_shape + fp32 scale_inv of cs_shape (absent "
-      "if None), all on x's device. amax/scale: None, a Tensor or a (ptr, dtype, shape, device) "
-      "tuple.");
+      "ordinal) into out_dtype row-wise data [x's shape] + scale_inv of rs_shape (absent if "
+      "rs_shape is None) and column-wise data of cd_shape + scale_inv of cs_shape (absent "
+      "if None), all on x's device; scale_inv is fp32, E8M0 for mxfp8_1d, E4M3 for nvfp4_1d. "
+      "amax/scale: None, a Tensor or a (ptr, dtype, shape, device) tuple.");
   m.def(
       "dequantize_flat",
       [](int32_t scaling_mode, py::handle rowwise_data, py::handle rowwise_scale_inv,
          py::handle columnwise_data, py::handle columnwise_scale_inv, py::handle output,
-         uintptr_t stream) {
+         uintptr_t stream, py::handle amax, bool columnwise_rht) {
         te_quantized_tensor q = te_quantized_tensor_init(scaling_mode);
         q.rowwise_data = spec(rowwise_data, "rowwise_data");
         q.rowwise_scale_inv = spec(rowwise_scale_inv, "rowwise_scale_inv");
         q.columnwise_data = spec(columnwise_data, "columnwise_data");
         q.columnwise_scale_inv = spec(columnwise_scale_inv, "columnwise_scale_inv");
+        q.amax = spec(amax, "amax");
+        q.columnwise_rht = columnwise_rht;
         te_tensor out = spec(output, "output");
         check(without_gil([&] { return te_dequantize(&q, &out, as_stream(stream)); }));
       },
       py::arg("scaling_mode"), py::arg("rowwise_data").none(true),
       py::arg("rowwise_scale_inv").none(true), py::arg("columnwise_data").none(true),
       py::arg("columnwise_scale_inv").none(true), py::arg("output").none(true),
-      py::arg("stream") = 0,
+      py::arg("stream") = 0, py::arg("amax").none(true) = py::none(),
+      py::arg("columnwise_rht") = false,
       "te_dequantize with each tensor given as None, a Tensor or a (ptr, dtype, shape, device) "
-      "tuple (device -1: CPU).");
+      "tuple (device -1: CPU); amax: nvfp4_1d's fp32 [2] global amaxes.");
   m.def(
       "gemm_flat",
       [](int32_t a_mode, py::handle a_rd, py::handle a_rs, py::handle a_cd, py::handle a_cs,
          int32_t b_mode, py::handle b_rd, py::handle b_rs, py::handle b_cd, py::handle b_cs,
          py::handle d, const te_gemm_config* config, py::handle bias, py::handle aux,
-         py::handle bias_grad, uintptr_t stream) {
+         py::handle bias_grad, uintptr_t stream, py::handle a_amax, py::handle b_amax,
+         bool a_rht, bool b_rht) {
         te_quantized_tensor a = te_quantized_tensor_init(a_mode);
         a.rowwise_data = spec(a_rd, "a_rd");
         a.rowwise_scale_inv = spec(a_rs, "a_rs");
         a.columnwise_data = spec(a_cd, "a_cd");
         a.columnwise_scale_inv = spec(a_cs, "a_cs");
+        a.amax = spec(a_amax, "a_amax");
+        a.columnwise_rht = a_rht;
         te_quantized_tensor b = te_quantized_tensor_init(b_mode);
         b.rowwise_data = spec(b_rd, "b_rd");
         b.rowwise_scale_inv = spec(b_rs, "b_rs");
         b.columnwise_data = spec(b_cd, "b_cd");
         b.columnwise_scale_inv = spec(b_cs, "b_cs");
+        b.amax = spec(b_amax, "b_amax");
+        b.columnwise_rht = b_rht;
         te_quantized_tensor out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
         out.rowwise_data = spec(d, "d");
         te_gemm_config c = config ? *config : te_gemm_config_init();
@@ -611,10 +640,13 @@ PYBIND11_MODULE(_C, m) {
       py::arg("b_rd").none(true), py::arg("b_rs").none(true), py::arg("b_cd").none(true),
       py::arg("b_cs").none(true), py::arg("d").none(true), py::arg("config").none(true),
       py::arg("bias").none(true), py::arg("aux").none(true), py::arg("bias_grad").none(true),
-      py::arg("stream") = 0,
+      py::arg("stream") = 0, py::arg("a_amax").none(true) = py::none(),
+      py::arg("b_amax").none(true) = py::none(), py::arg("a_rht") = false,
+      py::arg("b_rht") = false,
       "te_gemm with operands as parts (each None, a Tensor or a (ptr, dtype, shape, device) "
       "tuple, device -1: CPU). config: a GemmConfig whose scalar fields are used (its "
-      "bias/aux/bias_grad are replaced by the arguments), or None for the defaults.");
+      "bias/aux/bias_grad are replaced by the arguments), or None for the defaults. "
+      "a_amax/b_amax, a_rht/b_rht: nvfp4_1d operands' global amaxes and columnwise_rht.");
   m.def(
       "norm_fwd_flat",
       [](bool rms, py::handle x, py::handle gamma, py::handle beta, int32_t out_mode,

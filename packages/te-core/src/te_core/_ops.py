@@ -16,12 +16,31 @@ from te_core import _C
 FLOAT32 = int(_C.DType.FLOAT32)
 SOURCE_DTYPES = (int(_C.DType.FLOAT32), int(_C.DType.FLOAT16), int(_C.DType.BFLOAT16))
 FP8_DTYPES = (int(_C.DType.FLOAT8_E4M3), int(_C.DType.FLOAT8_E5M2))
+FLOAT4_E2M1 = int(_C.DType.FLOAT4_E2M1)
 
+# The modes the bindings' quantize ops take today.
 SCALING_MODES = {
     "per_tensor": int(_C.ScalingMode.PER_TENSOR),
     "block_1d": int(_C.ScalingMode.BLOCK_1D),
     "block_2d": int(_C.ScalingMode.BLOCK_2D),
 }
+# MXFP8 and NVFP4 (te/tensor.h): te-core quantizes, dequantizes and multiplies them; the functions
+# below describe their outputs, ahead of the bindings' modules using them.
+MX_SCALING_MODES = {
+    "mxfp8_1d": int(_C.ScalingMode.MXFP8_1D),
+    "nvfp4_1d": int(_C.ScalingMode.NVFP4_1D),
+}
+MXFP8 = MX_SCALING_MODES["mxfp8_1d"]
+NVFP4 = MX_SCALING_MODES["nvfp4_1d"]
+
+# The dtype of each mode's scale_inv tables.
+SCALE_DTYPES = {
+    **{mode: FLOAT32 for mode in SCALING_MODES.values()},
+    MXFP8: int(_C.DType.FLOAT8_E8M0),
+    NVFP4: int(_C.DType.FLOAT8_E4M3),
+}
+# NVFP4's amax holds each copy's global amax: [0] row-wise, [1] column-wise.
+NVFP4_AMAX_SHAPE = (2,)
 
 
 class TensorSpec(NamedTuple):
@@ -53,10 +72,13 @@ def quantize_outputs(
 ) -> tuple[TensorSpec, ...]:
     """Output specs of quantizing a source of ``shape``, in QUANTIZE_OUTPUTS order.
 
-    ``per_tensor_stats``: whether the op returns an fp32 [1] amax and scale (current scaling);
-    otherwise they are absent (delayed scaling updates the caller's own buffers in place, and
-    block modes have none).
+    ``fp8_dtype`` is the data dtype (FLOAT4_E2M1 for NVFP4). Scales are fp32, E8M0 for MXFP8,
+    E4M3 for NVFP4 (SCALE_DTYPES). ``per_tensor_stats``: whether the op returns an fp32 [1] amax
+    and scale (current scaling); otherwise they are absent (delayed scaling updates the caller's
+    own buffers in place, and block modes and MXFP8 have none). NVFP4 always returns its fp32 [2]
+    amax (the global amaxes it encoded each copy with) and no scale.
     """
+    scale_dtype = SCALE_DTYPES.get(scaling_mode, FLOAT32)
 
     def part(which: int, dtype: int, wanted: bool) -> TensorSpec:
         if not wanted:
@@ -64,14 +86,30 @@ def quantize_outputs(
         return TensorSpec(tuple(_C.quantized_shape(scaling_mode, which, shape)), dtype)
 
     stat = TensorSpec((1,) if per_tensor_stats else ABSENT_SHAPE, FLOAT32)
+    amax = TensorSpec(NVFP4_AMAX_SHAPE, FLOAT32) if scaling_mode == NVFP4 else stat
+    scale = TensorSpec(ABSENT_SHAPE, FLOAT32) if scaling_mode == NVFP4 else stat
     return (
         part(int(_C.Part.ROWWISE_DATA), fp8_dtype, rowwise),
-        part(int(_C.Part.ROWWISE_SCALE_INV), FLOAT32, rowwise),
+        part(int(_C.Part.ROWWISE_SCALE_INV), scale_dtype, rowwise),
         part(int(_C.Part.COLUMNWISE_DATA), fp8_dtype, columnwise),
-        part(int(_C.Part.COLUMNWISE_SCALE_INV), FLOAT32, columnwise),
-        stat,
-        stat,
+        part(int(_C.Part.COLUMNWISE_SCALE_INV), scale_dtype, columnwise),
+        amax,
+        scale,
     )
+
+
+def storage_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """The shape of the bytes that hold ``spec``: its own, but an E2M1 tensor packs two elements
+    per byte along its last dim (te/tensor.h), so [..., K] is stored as [..., K / 2] (K even)."""
+    if spec.dtype != FLOAT4_E2M1 or spec.shape == ABSENT_SHAPE:
+        return tuple(spec.shape)
+    shape = tuple(spec.shape)
+    if not shape or shape[-1] % 2:
+        raise ValueError(
+            f"shape: float4_e2m1 packs two elements per byte and each row must start on a byte, "
+            f"so the last dim must be even, got {shape}"
+        )
+    return shape[:-1] + (shape[-1] // 2,)
 
 
 def dequantize_output(source_shape: tuple[int, ...], out_dtype: int) -> TensorSpec:

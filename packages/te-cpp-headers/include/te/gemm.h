@@ -17,7 +17,18 @@
  * E5M2 x E4M3 (with scale_inv); FP8 block-scaled 1x128 x 128x128 and 1x128 x 1x128 (at most one
  * 2-D operand). Accumulation is fp32. The output D is fp32, fp16 or bf16, or per-tensor FP8
  * (rowwise_data E4M3/E5M2 with `scale` read, `amax` written as max |result| before the cast,
- * rowwise_scale_inv written 1/scale). MXFP8 and NVFP4 operands: TE_ERROR_UNSUPPORTED for now.
+ * rowwise_scale_inv written 1/scale).
+ *
+ * MXFP8 x MXFP8 and NVFP4 x NVFP4 (both operands of one family; mixing a family with per-tensor
+ * or 1x128 FP8 is an error): the output is fp32, fp16 or bf16. Every backend runs the same
+ * numerics by block dequantization: each operand element becomes float(q) * 2^(e-127) (MXFP8) or
+ * (q * s_block) * s_global (NVFP4, s_global from the amax entry of the copy read) in fp32,
+ * rounded to BF16, and the BF16 operands are multiplied with fp32 accumulation. On CUDA that is
+ * two dequantize kernels into stream-ordered BF16 scratch and cuBLASLt's BF16 GEMM: correct, not
+ * fast (logged once at INFO). Blackwell's native block-scaled kernels (cuBLASLt VEC32_UE8M0 /
+ * VEC16_UE4M3) are not used yet. NVFP4 column-wise copies carrying the Hadamard transform
+ * (te_quantized_tensor.columnwise_rht) are multiplied as stored: both operands of the product
+ * must carry it (the wgrad of NVFP4BlockScaling) or neither.
  *
  * Runs on the device of its tensors: the CUDA backend through cuBLASLt (loaded at run time), the
  * CPU backend as the reference (fp32 accumulation of the dequantized operands). */

@@ -6,7 +6,7 @@
  * for. The CPU backend is the reference the CUDA kernels match bit for bit.
  *
  * Numerics (NUMERICS.md): q = convert(x * scale) in fp32, round to nearest even, saturating
- * finite values and +-inf to +-max, NaN stays NaN; scale_inv = 1 / scale. */
+ * finite values and +-inf to +-max, NaN stays NaN; scale_inv = 1 / scale. MXFP8 and NVFP4 below. */
 #ifndef TE_QUANTIZE_H_
 #define TE_QUANTIZE_H_
 
@@ -31,15 +31,30 @@ typedef struct te_quant_config {
    * mantissa bits are cleared (rounds down to a power of two). */
   int32_t force_pow2_scales;
   float amax_epsilon;
+  /* ---- appended after te-core 0.1.0 (a caller whose struct_size ends above gets 0 for these) */
+  /* MXFP8_1D / NVFP4_1D: one scale per 32x32 (MXFP8) or 16x16 (NVFP4) tile of the source instead
+   * of per 1x32 / 1x16 run, so the row-wise and column-wise copies are the same quantization,
+   * transposed (weights; NVFP4BlockScaling's default for them). Not with the Hadamard transform. */
+  int32_t with_2d_quantization;
+  /* NVFP4_1D only: round each element to E2M1 stochastically (gradients) instead of to nearest:
+   * up with probability (|v| - lo) / (hi - lo), lo <= |v| < hi the neighbouring E2M1 magnitudes,
+   * decided by the 32-bit word u of a Philox4x32-10 stream as u < frac * 2^32 (exact). Element n
+   * of the row-wise copy (row-major index in that copy) takes word n, element n of the
+   * column-wise copy word numel + n (with 2-D tiles both copies are the row-wise quantization and
+   * use its words); word w is lane w % 4 of Philox4x32-10 with key
+   * {lo32(rng_seed), hi32(rng_seed)} and counter {lo32(w / 4), hi32(w / 4), lo32(rng_offset),
+   * hi32(rng_offset)}. So a (seed, offset) pair fixes every bit, on every device; give each
+   * quantization of a step its own offset (any distinct value: each is a separate stream). */
+  int32_t stochastic_rounding;
+  uint64_t rng_seed;
+  uint64_t rng_offset;
 } te_quant_config;
 
 static inline te_quant_config te_quant_config_init(void) {
   te_quant_config c;
+  unsigned char* p = (unsigned char*)&c;
+  for (size_t i = 0; i < sizeof(c); ++i) p[i] = 0;
   c.struct_size = (uint32_t)sizeof(te_quant_config);
-  c.compute_scale = 0;
-  c.use_existing_amax = 0;
-  c.force_pow2_scales = 0;
-  c.amax_epsilon = 0.0f;
   return c;
 }
 
@@ -49,15 +64,37 @@ TE_API te_status te_amax(const te_tensor* input, te_tensor* amax, void* stream);
 
 /* Quantizes `input` (fp32/fp16/bf16, shape [..., K]) into the parts of `output` that are present.
  * output->scaling_mode picks the format (te_quantized_tensor's table); the data dtype is
- * FLOAT8_E4M3 or FLOAT8_E5M2, both copies the same. PER_TENSOR with a column-wise copy is the
- * fused cast-transpose: one pass writes both copies. `config` may be NULL (all defaults).
- * MXFP8_1D and NVFP4_1D are reported as TE_ERROR_UNSUPPORTED in this version. */
+ * FLOAT8_E4M3 or FLOAT8_E5M2 (FLOAT4_E2M1 for NVFP4_1D), both copies the same. PER_TENSOR with a
+ * column-wise copy is the fused cast-transpose: one pass writes both copies. `config` may be NULL
+ * (all defaults).
+ *
+ * MXFP8_1D (NUMERICS.md "MXFP8BlockScaling"): per block of 32 (or 32x32 tile), e = the E8M0 of
+ * block_amax / fp8_max rounded up (fp32 exponent bits, +1 if any mantissa bit is set, capped at
+ * 0xFE; amax 0 -> 0x00, NaN -> 0xFF), q = convert(x * 2^(127 - e)) (= x / scale_inv exactly; a
+ * NaN scale makes the block NaN). Takes no amax/scale; use_existing_amax, force_pow2_scales and
+ * amax_epsilon must be 0.
+ *
+ * NVFP4_1D (NUMERICS.md "NVFP4BlockScaling"): `amax` (fp32 [2]) receives each present copy's
+ * global amax (NaN-propagating), or with use_existing_amax is read instead (with 2-D tiles both
+ * copies are one quantization, encoded with amax[0], or amax[1] when only the column-wise copy
+ * is present). Per copy S_enc from its amax (te_quantized_tensor's comment); per block of 16
+ * (or 16x16 tile) s_block =
+ * convert_e4m3((block_amax / 6) * S_enc), stored; enc = S_enc / s_block (0 if s_block is 0,
+ * capped at FLT_MAX), q = convert_e2m1(x * enc): round to nearest even (or stochastically, see
+ * te_quant_config), saturating to +-6, sign kept (-0 -> 0x8), NaN -> 0x7 (its block's scale is
+ * NaN, so it decodes to NaN). With output->columnwise_rht the column-wise copy is quantized from
+ * the Hadamard-transformed source (its amax and block amaxes after the transform); the transform
+ * is a fixed sequence of fp32 adds (signs, then the radix-2 butterfly with strides 1, 2, 4, 8:
+ * (a, b) -> (a + b, a - b), then * 1/4), so every backend gives the same bits. */
 TE_API te_status te_quantize(const te_tensor* input, te_quantized_tensor* output,
                              const te_quant_config* config, void* stream);
 
 /* x = q * scale_inv per element (per block), rounded to output's dtype (fp32/fp16/bf16).
  * Reads the row-wise copy if present, else the column-wise one (transposing back), so `output`
- * always has the source's shape [..., K]. Scales are read from the quantized tensor as stored. */
+ * always has the source's shape [..., K]. Scales are read from the quantized tensor as stored.
+ * MXFP8: x = q * 2^(e-127). NVFP4: x = (q * s_block) * s_global in fp32, s_global from the
+ * copy's amax entry; a column-wise copy with columnwise_rht is transformed back (per run of 16:
+ * the butterfly, * 1/4, then the signs) before the rounding. */
 TE_API te_status te_dequantize(const te_quantized_tensor* input, te_tensor* output, void* stream);
 
 /* output[k, m] = input[m, k] for input viewed as [M, K] (K the last dim) and output 2-D [K, M].

@@ -73,14 +73,41 @@ typedef struct te_tensor {
  *   PER_TENSOR   [..., K]      fp32 [1]                           [K, M]           fp32 [1]
  *   BLOCK_1D     [..., K]      fp32 [ceil(K/128), roundup(M,4)]   [K, M]           fp32 [ceil(M/128), roundup(K,4)]
  *   BLOCK_2D     [..., K]      fp32 [ceil(M/128), roundup(ceil(K/128),4)]   [K, M]  fp32 [ceil(K/128), roundup(ceil(M/128),4)]
+ *   MXFP8_1D     [..., K]      E8M0 [roundup(M,128), roundup(ceil(K/32),4)]   [K, M]  E8M0 [roundup(K,128), roundup(ceil(M/32),4)]
+ *   NVFP4_1D     [..., K] E2M1 E4M3 [roundup(M,128), roundup(ceil(K/16),4)]   [K, M] E2M1  E4M3 [roundup(K,128), roundup(ceil(M/16),4)]
  *
  * Column-wise data is the transposed copy a GEMM needs for the transposed use of the operand
- * (Hopper's FP8 GEMM takes only the TN layout). Block scales are stored transposed, with the
- * leading dimension padded to a multiple of 4 (16 bytes): the layout cuBLASLt's block-scaled GEMM
- * reads. te never writes the padding. te_quantized_shape() computes every shape above.
+ * (Hopper's FP8 GEMM takes only the TN layout). Block scales of BLOCK_1D/2D are stored transposed,
+ * with the leading dimension padded to a multiple of 4 (16 bytes): the layout cuBLASLt's
+ * block-scaled GEMM reads. te never writes the padding. te_quantized_shape() computes every shape
+ * above.
  *
- * `amax` and `scale` are fp32 [1] and exist only in PER_TENSOR mode (data == NULL otherwise).
- * Either copy may be absent (data == NULL); a quantize call writes the copies that are present. */
+ * MXFP8_1D and NVFP4_1D (NUMERICS.md "MXFP8BlockScaling", "NVFP4BlockScaling"). Data is FP8
+ * (E4M3/E5M2) for MXFP8 and E2M1 for NVFP4; each copy has one scale per block of 32 (MXFP8) or 16
+ * (NVFP4) consecutive elements along its own rows, so the column-wise copy [K, M] is the row-wise
+ * layout of a separate quantization of the source's transpose (its blocks are the source's 32x1 /
+ * 16x1 columns). Scales are one byte each (E8M0: 2^(e-127), 0xFF NaN; NVFP4: E4M3), row-major,
+ * NOT transposed: the scale of stored element (r, c) is scale_inv[r * ld + c / block], ld =
+ * scale_inv.shape[1]. The table is padded to a multiple of 128 rows and 4 columns, the tile of
+ * the scale layout Blackwell's block-scaled GEMM reads (cuBLASLt swizzles 128x4 tiles, so a
+ * padded table converts to it by a permutation into a buffer of the same size); te never writes
+ * the padding and never reads it.
+ * E2M1 data packs two elements per byte, the first in the low nibble, over the copy's row-major
+ * element order; a stored row must hold an even number of elements (K even for the row-wise copy,
+ * M even for the column-wise one) so that every row starts on a byte. An E2M1 buffer of shape
+ * [..., K] is numel / 2 bytes.
+ * NVFP4 has a second, global scale per copy: `amax` is fp32 [2], the global amax each copy was
+ * encoded with (amax[0] row-wise, amax[1] column-wise; they differ only when the column-wise copy
+ * carries the Hadamard transform, whose amax is taken after it). The decode scale is derived:
+ * S_enc = 2688 / amax (448 * 6; amax 0 or inf -> 1, +inf result -> FLT_MAX, NaN stays NaN),
+ * s_global = 1 / S_enc, x ~ q * s_block * s_global. `scale` is unused (NULL) for NVFP4.
+ *
+ * `amax` and `scale` are fp32 [1] in PER_TENSOR mode, absent (data == NULL) in the block modes
+ * and MXFP8_1D, and as above for NVFP4_1D. Either copy may be absent (data == NULL); a quantize
+ * call writes the copies that are present.
+ *
+ * Versions: `columnwise_rht` was appended after te-core 0.1.0; a caller compiled against the 0.1.0
+ * header (struct_size without it) gets 0. */
 typedef struct te_quantized_tensor {
   uint32_t struct_size; /* sizeof(te_quantized_tensor) as compiled by the caller */
   int32_t scaling_mode; /* te_scaling_mode */
@@ -90,6 +117,13 @@ typedef struct te_quantized_tensor {
   te_tensor columnwise_scale_inv;
   te_tensor amax;
   te_tensor scale;
+  /* NVFP4_1D only: 1 when the column-wise copy holds the random Hadamard transform of the source
+   * along M (each run of 16 consecutive elements of a stored row multiplied by
+   * (1/4) diag(s) H16, NUMERICS.md), 0 when it holds the source itself. It describes the data, so
+   * it is read by every op that touches the copy: te_quantize applies the transform (M a multiple
+   * of 16), te_dequantize undoes it, te_gemm requires it on both operands of a contraction or on
+   * neither (the transforms cancel in the product only in pairs). */
+  int32_t columnwise_rht;
 } te_quantized_tensor;
 
 typedef enum te_quantized_part {
@@ -109,8 +143,7 @@ static inline te_quantized_tensor te_quantized_tensor_init(int32_t scaling_mode)
 }
 
 /* The shape of one part of a quantized tensor whose high-precision source has shape
- * shape[0..ndim). Writes out_shape[0..*out_ndim). Fails for modes whose layout te-core does not
- * implement yet. */
+ * shape[0..ndim). Writes out_shape[0..*out_ndim). Fails for an unknown mode or part. */
 TE_API te_status te_quantized_shape(int32_t scaling_mode, int32_t part, const int64_t* shape,
                                     int32_t ndim, int64_t* out_shape, int32_t* out_ndim);
 
