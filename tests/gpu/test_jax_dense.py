@@ -1,8 +1,9 @@
 """te_jax.dense on a CUDA device against the same call on te's CPU backend.
 
-Only dense is tested here: te-core's CUDA norm and activation kernels are not implemented yet
-(te_layernorm_fwd & co. return te's "not implemented yet" on CUDA), so te_jax.layernorm and
-te_jax.activation run on the CPU backend only (tests/jax). Inputs are made once on the CPU and
+Only dense is tested here: te-core's CUDA norm kernels are not implemented yet (te_layernorm_fwd
+& co. return te's "not implemented yet" on CUDA), so te_jax.layernorm runs on the CPU backend only
+(tests/jax); the CUDA activation kernels are checked against the CPU backend in
+tests/gpu/test_activation.py. Inputs are made once on the CPU and
 copied to the GPU. Tolerances (normwise relative error, gpu vs cpu): 1e-5 for fp32 high precision,
 2e-3 for FP8 recipes (fprop uses fast accumulation under Float8CurrentScaling).
 

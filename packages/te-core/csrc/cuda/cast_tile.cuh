@@ -23,8 +23,26 @@
 // directions, so a 1-D tile's row blocks and column blocks are both complete inside one CTA (row
 // amax: a shuffle across the 8 lanes sharing a row; column amax: shuffles across the 4 lanes
 // sharing a column in a warp, then across the 8 warps through shared memory).
+//
+// The source is a loader (template parameter), so fused ops quantize a value they compute on the
+// fly from one read of their own inputs: InputLoader (below) reads a plain fp32/fp16/bf16 matrix,
+// the loaders of cuda/activation_fwd.cu and _bwd.cu compute an activation or its gradient (and
+// cuda/fused_output.cuh decides which output takes this kernel). A loader provides
+//   Value                the element type of the Raw8 vectors the kernel reduces and converts
+//   Raw, load(raw, r, c) what it loads for the 8 elements (r, c..c+7), r < rows, c < cols
+//   finish(raw, c, x)    the 8 values from the loaded data; elements at or past `cols` must be +-0
+//   kBatchRows           how many of the thread's 4 rows it loads before finishing them (the
+//                        register budget: every load of a batch is in flight at once)
+//   kMinBlocks           the resident CTAs per SM to hold registers for
+//   kFormatTemplate      whether to compile one kernel per FP8 format (the plain input: tuned
+//                        conversions) or one reading the format at run time (computed sources,
+//                        whose kernels are many and whose math dwarfs the conversion)
+// Two extras for fused ops: kHighPrecision mode writes the values rounded to fp32/fp16/bf16 instead
+// of quantizing them, and a non-null dbias_partial receives the tile's column sums (rows in a
+// fixed order), so a bias gradient comes out of the same read.
 #pragma once
 
+#include "common/kernels.h"
 #include "cuda/cuda_utils.cuh"
 
 namespace te {
@@ -34,10 +52,9 @@ namespace tile {
 constexpr int kThreads = 256;
 constexpr int kTile = 128;
 
-enum Mode : int { kPerTensor = 0, kBlock1D = 1, kBlock2D = 2 };
+enum Mode : int { kPerTensor = 0, kBlock1D = 1, kBlock2D = 2, kHighPrecision = 3 };
 
 struct Params {
-  const void* input;
   int64_t rows, cols;
   int64_t tiles_c;  // ceil(cols / 128)
   uint8_t* rowwise;
@@ -56,8 +73,13 @@ struct Params {
   // Scale rule (current and block scaling).
   bool pow2;
   float eps;
-  // Wide-access permissions.
-  bool vec_in, vec_row, vec_col;
+  // kHighPrecision: rowwise holds [rows, cols] of this dtype (fp32/fp16/bf16); with a run-time
+  // format (kFmt 0): the FP8 dtype of both copies.
+  int32_t out_dtype;
+  // [ceil(rows / 128), cols] or nullptr: row ti gets the column sums of tile row ti.
+  float* dbias_partial;
+  // Wide-access permissions for the outputs (the loader has its own for its inputs).
+  bool vec_row, vec_col;
 };
 
 struct alignas(16) Smem {
@@ -133,41 +155,132 @@ __device__ __forceinline__ void store_row8(uint8_t* __restrict__ dst, uint2 q, i
   }
 }
 
-// 16-bit inputs: capped at 64 registers for 4 resident CTAs per SM (the 1-D kernel would take
-// 80+ and get 2-3); fp32 inputs are left uncapped (capping would spill hundreds of bytes).
+// A plain fp32/fp16/bf16 source [rows, cols]: what te_quantize reads.
 template <typename T>
-constexpr int kMinBlocks = sizeof(T) == 4 ? 1 : 4;
+struct InputLoader {
+  using Value = T;
+  using Raw = Raw8<T>;
+  static constexpr int kBatchRows = 4;
+  // 16-bit inputs: capped at 64 registers for 4 resident CTAs per SM (the 1-D kernel would take
+  // 80+ and get 2-3); fp32 inputs are left uncapped (capping would spill hundreds of bytes).
+  static constexpr int kMinBlocks = sizeof(T) == 4 ? 1 : 4;
+  static constexpr bool kFormatTemplate = true;
 
-template <typename T, int kFmt, int kMode>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(const Params p) {
+  const T* in;
+  int64_t cols;
+  bool vec;  // 16-byte loads: pointer aligned and row pitch a multiple of 16 bytes
+
+  __device__ __forceinline__ void load(Raw& x, int64_t r, int64_t c) const {
+    const T* src = in + r * cols + c;
+    if (vec && c + 8 <= cols) {
+      x.load_vec(src);
+    } else {
+      x.load_scalar(src, static_cast<int>(cols - c < 8 ? cols - c : 8));
+    }
+  }
+  __device__ __forceinline__ void finish(const Raw& raw, int64_t, Raw8<T>& x) const { x = raw; }
+};
+
+// The tile's column sums into p.dbias_partial (row ti): each thread adds its 4 rows in order,
+// shuffles add the 4 lanes sharing a column, then warps 0..7 in order through shared memory
+// (borrowing colmax, whose other users all come later and behind a barrier). A fixed order, so
+// the sums are the same bits on every run.
+template <typename V>
+__device__ __forceinline__ void column_partials(const Params& p, Smem& sm, const Raw8<V> (&x)[4][2],
+                                                int64_t ti, int64_t c0) {
+  const int tid = threadIdx.x, g = tid & 7, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float s = __fadd_rn(__fadd_rn(__fadd_rn(x[0][h].get(k), x[1][h].get(k)), x[2][h].get(k)),
+                          x[3][h].get(k));
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
+      if (lane < 8) sm.colmax[warp][64 * h + 8 * g + k] = __float_as_uint(s);
+    }
+  }
+  __syncthreads();
+  if (tid < kTile && c0 + tid < p.cols) {
+    float s = __uint_as_float(sm.colmax[0][tid]);
+#pragma unroll
+    for (int w = 1; w < kThreads / 32; ++w) s = __fadd_rn(s, __uint_as_float(sm.colmax[w][tid]));
+    p.dbias_partial[ti * p.cols + c0 + tid] = s;
+  }
+  __syncthreads();
+}
+
+// Quantizes 8 values with one scale or a scale per element; kFmt 0: the format is `fmt`.
+template <int kFmt, typename V, typename S>
+__device__ __forceinline__ uint2 quantize8_as(const Raw8<V>& v, const S& scale, int32_t fmt) {
+  if constexpr (kFmt != 0) {
+    return quantize8<kFmt>(v, scale);
+  } else {
+    return fmt == TE_DTYPE_FLOAT8_E4M3 ? quantize8<TE_DTYPE_FLOAT8_E4M3>(v, scale)
+                                       : quantize8<TE_DTYPE_FLOAT8_E5M2>(v, scale);
+  }
+}
+
+// kFmt: the FP8 dtype, or 0 for p.out_dtype (a run-time format, and kHighPrecision's dtype).
+template <typename L, int kFmt, int kMode>
+__global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(const Params p,
+                                                                            const L ld) {
+  using V = typename L::Value;
   __shared__ Smem sm;
-  constexpr float kMax = kFmt == TE_DTYPE_FLOAT8_E4M3 ? 448.0f : 57344.0f;
+  const float fmt_max = kFmt != 0 ? fp8_max(kFmt) : fp8_max(p.out_dtype);
   const int tid = threadIdx.x, g = tid & 7, tr = tid >> 3, lane = tid & 31, warp = tid >> 5;
   const int64_t t = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int64_t ti = t / p.tiles_c, tj = t % p.tiles_c;
   const int64_t r0 = ti * kTile, c0 = tj * kTile;
   const int64_t rows = p.rows, cols = p.cols;
-  const T* in = static_cast<const T*>(p.input);
 
-  // ---- load the thread's 4 x 16 elements (all loads issued before any use)
-  Raw8<T> x[4][2];
+  // ---- load the thread's 4 x 16 elements (a batch's loads all issued before any use)
+  Raw8<V> x[4][2];
+  constexpr int kBatch = L::kBatchRows;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i0 = 0; i0 < 4; i0 += kBatch) {
+    typename L::Raw raw[kBatch][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
-      if (r < rows && c < cols) {
-        const T* src = in + r * cols + c;
-        if (p.vec_in && c + 8 <= cols) {
-          x[i][h].load_vec(src);
-        } else {
-          x[i][h].load_scalar(src, static_cast<int>(cols - c < 8 ? cols - c : 8));
-        }
-      } else {
+    for (int i = 0; i < kBatch; ++i) {
 #pragma unroll
-        for (int w = 0; w < Raw8<T>::kWords; ++w) x[i][h].w[w] = 0;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 4 * tr + i0 + i, c = c0 + 64 * h + 8 * g;
+        if (r < rows && c < cols) ld.load(raw[i][h], r, c);
       }
     }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 4 * tr + i0 + i, c = c0 + 64 * h + 8 * g;
+        if (r < rows && c < cols) {
+          ld.finish(raw[i][h], c, x[i0 + i][h]);
+        } else {
+#pragma unroll
+          for (int w = 0; w < Raw8<V>::kWords; ++w) x[i0 + i][h].w[w] = 0;
+        }
+      }
+    }
+  }
+
+  if (p.dbias_partial != nullptr) column_partials(p, sm, x, ti, c0);
+
+  if constexpr (kMode == kHighPrecision) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
+        if (r < rows && c < cols) {
+          float v[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = x[i][h].get(k);
+          store8_rounded(p.rowwise, r * cols + c, v, p.out_dtype,
+                         static_cast<int>(cols - c < 8 ? cols - c : 8), p.vec_row);
+        }
+      }
+    }
+    return;
   }
 
   uint2 q[4][2];
@@ -176,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
   float srow[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // row-wise copy, per row i
   float scol[2][8];                           // column-wise copy (1-D only), per column (h, k)
   if constexpr (kMode == kPerTensor) {
-    const float s = p.current ? compute_scale_from_amax(*p.amax_in, kMax, p.pow2, p.eps) : *p.scale;
+    const float s = p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps) : *p.scale;
 #pragma unroll
     for (int i = 0; i < 4; ++i) srow[i] = s;
     if (p.amax_out != nullptr) {
@@ -188,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
 #pragma unroll
           for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
       m = block_max<kThreads>(m, sm.scratch);
-      if (tid == 0) atomic_max_amax(p.amax_out, canonical_amax_bits<T>(m));
+      if (tid == 0) atomic_max_amax(p.amax_out, canonical_amax_bits<V>(m));
     }
     if (blockIdx.x == 0 && tid == 0) {
       const float s_inv = 1.0f / s;
@@ -205,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
 #pragma unroll
         for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
     m = block_max<kThreads>(m, sm.scratch);
-    const float s = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+    const float s = compute_scale_from_amax(__uint_as_float(m), fmt_max, p.pow2, p.eps);
 #pragma unroll
     for (int i = 0; i < 4; ++i) srow[i] = s;
     if (tid == 0) {
@@ -225,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
         m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
         m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        srow[i] = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+        srow[i] = compute_scale_from_amax(__uint_as_float(m), fmt_max, p.pow2, p.eps);
         const int64_t r = r0 + 4 * tr + i;
         if (g == 0 && r < rows) p.rowwise_scale_inv[tj * p.rowwise_scale_ld + r] = 1.0f / srow[i];
       }
@@ -235,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint2 qr = quantize8<kFmt>(x[i][h], srow[i]);
+          const uint2 qr = quantize8_as<kFmt>(x[i][h], srow[i], p.out_dtype);
           const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
           if (r < rows && c < cols) store_row8(p.rowwise + r * cols + c, qr, cols - c, p.vec_row);
         }
@@ -259,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
         uint32_t m = 0;
 #pragma unroll
         for (int w = 0; w < kThreads / 32; ++w) m = max(m, sm.colmax[w][tid]);
-        const float s = compute_scale_from_amax(__uint_as_float(m), kMax, p.pow2, p.eps);
+        const float s = compute_scale_from_amax(__uint_as_float(m), fmt_max, p.pow2, p.eps);
         sm.colscale[tid] = s;
         if (c0 + tid < cols)
           p.columnwise_scale_inv[ti * p.columnwise_scale_ld + c0 + tid] = 1.0f / s;
@@ -279,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        q[i][h] = quantize8<kFmt>(x[i][h], srow[i]);
+        q[i][h] = quantize8_as<kFmt>(x[i][h], srow[i], p.out_dtype);
         const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
         if (p.rowwise != nullptr && r < rows && c < cols)
           store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
@@ -293,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) q[i][h] = quantize8<kFmt>(x[i][h], scol[h]);
+        for (int h = 0; h < 2; ++h) q[i][h] = quantize8_as<kFmt>(x[i][h], scol[h], p.out_dtype);
     }
     stash_transposed(sm, q, g, tr);
     __syncthreads();
@@ -301,25 +414,77 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>) cast_tile_kernel(cons
   }
 }
 
-// Fills the tiling and alignment fields of `p` and launches one CTA per 128x128 tile.
-template <int kMode>
-void launch(Params p, int32_t in_dtype, int32_t out_dtype, cudaStream_t stream) {
+// Fills the tiling and output-alignment fields of `p` and launches one CTA per 128x128 tile of
+// loader `ld`. out_dtype: the FP8 dtype, or for kHighPrecision fp32/fp16/bf16.
+template <int kMode, typename L>
+void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t tiles_r = ceil_div(p.rows, kTile);
   p.tiles_c = ceil_div(p.cols, kTile);
   const int64_t tiles = tiles_r * p.tiles_c;
   if (tiles > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "cast_tile_kernel: too many tiles");
-  dispatch_source(in_dtype, [&](auto in_tag) {
-    using T = decltype(in_tag);
-    p.vec_in = aligned(p.input, 16) && (p.cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  const unsigned grid = static_cast<unsigned>(tiles);
+  if constexpr (kMode == kHighPrecision) {
+    p.out_dtype = out_dtype;
+    p.vec_row = aligned(p.rowwise, 16) && p.cols % 8 == 0;
+    p.vec_col = false;
+    cast_tile_kernel<L, 0, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
+    check_launch("cast_tile_kernel");
+  } else {
     p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
     p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
     dispatch_fp8(out_dtype, [&](auto fmt) {
-      cast_tile_kernel<T, decltype(fmt)::value, kMode>
-          <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+      if constexpr (L::kFormatTemplate) {
+        cast_tile_kernel<L, decltype(fmt)::value, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
+      } else {
+        p.out_dtype = out_dtype;
+        cast_tile_kernel<L, 0, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
+      }
       check_launch("cast_tile_kernel");
     });
-  });
+  }
+}
+
+// The plain quantization of `input` [p.rows, p.cols] (in_dtype fp32/fp16/bf16) in FP8 mode
+// `mode` (kPerTensor, kBlock1D or kBlock2D): the kernels behind te_quantize and te_dbias_quantize,
+// instantiated once (cast_tile.cu).
+void launch_input(int mode, const Params& p, const void* input, int32_t in_dtype,
+                  int32_t out_dtype, cudaStream_t stream);
+
+// Params for a quantization described by the C API's kernel args (common/kernels.h). `reverse`:
+// walk the tiles last-first (a current-scaling amax pass just read the tensor first-to-last).
+inline Params per_tensor_params(const PerTensorQuantizeArgs& a, bool reverse) {
+  Params p{};
+  p.rows = a.rows;
+  p.cols = a.cols;
+  p.rowwise = static_cast<uint8_t*>(a.rowwise);
+  p.columnwise = static_cast<uint8_t*>(a.columnwise);
+  p.rowwise_scale_inv = a.rowwise_scale_inv;
+  p.columnwise_scale_inv = a.columnwise_scale_inv;
+  p.scale = a.scale;
+  p.amax_in = a.amax;
+  p.amax_out = a.current ? nullptr : a.amax;
+  p.scale_out = a.scale;
+  p.current = a.current;
+  p.reverse = reverse;
+  p.pow2 = a.force_pow2_scales;
+  p.eps = a.amax_epsilon;
+  return p;
+}
+
+inline Params block_params(const BlockQuantizeArgs& a) {
+  Params p{};
+  p.rows = a.rows;
+  p.cols = a.cols;
+  p.rowwise = static_cast<uint8_t*>(a.rowwise);
+  p.columnwise = static_cast<uint8_t*>(a.columnwise);
+  p.rowwise_scale_inv = a.rowwise_scale_inv;
+  p.rowwise_scale_ld = a.rowwise_scale_ld;
+  p.columnwise_scale_inv = a.columnwise_scale_inv;
+  p.columnwise_scale_ld = a.columnwise_scale_ld;
+  p.pow2 = a.force_pow2_scales;
+  p.eps = a.amax_epsilon;
+  return p;
 }
 
 }  // namespace tile

@@ -191,6 +191,39 @@ __device__ __forceinline__ T from_float(float v) {
   }
 }
 
+// Stores v[0..valid) rounded to nearest even into `out` (dtype fp32/fp16/bf16) at elements
+// idx..idx+valid-1. vec: all 8 valid and out + idx 16-byte aligned (fp32: two 16-byte stores).
+__device__ __forceinline__ void store8_rounded(void* out, int64_t idx, const float (&v)[8],
+                                               int32_t dtype, int valid, bool vec) {
+  if (dtype == TE_DTYPE_FLOAT32) {
+    float* o = static_cast<float*>(out) + idx;
+    if (vec) {
+      reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k < valid) o[k] = v[k];
+    }
+    return;
+  }
+  uint32_t w[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    w[k] = dtype == TE_DTYPE_BFLOAT16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v[k]))
+                                      : __half_as_ushort(__float2half_rn(v[k]));
+  }
+  unsigned short* o = static_cast<unsigned short*>(out) + idx;
+  if (vec) {
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0] | (w[1] << 16), w[2] | (w[3] << 16),
+                                              w[4] | (w[5] << 16), w[6] | (w[7] << 16));
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) o[k] = static_cast<unsigned short>(w[k]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // dtype int -> C++ type dispatch.
 

@@ -22,23 +22,8 @@ namespace cuda {
 void quantize_block(const BlockQuantizeArgs& a, void* stream) {
   if (a.rows == 0 || a.cols == 0) return;
   if (a.rowwise == nullptr && a.columnwise == nullptr) return;
-  tile::Params p{};
-  p.input = a.input;
-  p.rows = a.rows;
-  p.cols = a.cols;
-  p.rowwise = static_cast<uint8_t*>(a.rowwise);
-  p.columnwise = static_cast<uint8_t*>(a.columnwise);
-  p.rowwise_scale_inv = a.rowwise_scale_inv;
-  p.rowwise_scale_ld = a.rowwise_scale_ld;
-  p.columnwise_scale_inv = a.columnwise_scale_inv;
-  p.columnwise_scale_ld = a.columnwise_scale_ld;
-  p.pow2 = a.force_pow2_scales;
-  p.eps = a.amax_epsilon;
-  if (a.block_dim == 2) {
-    tile::launch<tile::kBlock2D>(p, a.in_dtype, a.out_dtype, as_stream(stream));
-  } else {
-    tile::launch<tile::kBlock1D>(p, a.in_dtype, a.out_dtype, as_stream(stream));
-  }
+  tile::launch_input(a.block_dim == 2 ? tile::kBlock2D : tile::kBlock1D, tile::block_params(a),
+                     a.input, a.in_dtype, a.out_dtype, as_stream(stream));
 }
 
 }  // namespace cuda

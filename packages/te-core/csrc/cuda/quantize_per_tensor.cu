@@ -151,22 +151,6 @@ void quantize_per_tensor(const PerTensorQuantizeArgs& a, void* stream_ptr) {
     return;
   }
 
-  tile::Params p{};
-  p.input = a.input;
-  p.rows = a.rows;
-  p.cols = a.cols;
-  p.rowwise = static_cast<uint8_t*>(a.rowwise);
-  p.columnwise = static_cast<uint8_t*>(a.columnwise);
-  p.rowwise_scale_inv = a.rowwise_scale_inv;
-  p.columnwise_scale_inv = a.columnwise_scale_inv;
-  p.scale = a.scale;
-  p.amax_in = a.amax;
-  p.amax_out = a.current ? nullptr : a.amax;
-  p.scale_out = a.scale;
-  p.current = a.current;
-  p.reverse = reverse;
-  p.pow2 = a.force_pow2_scales;
-  p.eps = a.amax_epsilon;
   if (numel == 0) {
     // Nothing to transpose; the flat cast with no elements writes the scale outputs.
     CastParams c{};
@@ -182,7 +166,8 @@ void quantize_per_tensor(const PerTensorQuantizeArgs& a, void* stream_ptr) {
     launch_cast(c, a.in_dtype, a.out_dtype, stream);
     return;
   }
-  tile::launch<tile::kPerTensor>(p, a.in_dtype, a.out_dtype, stream);
+  tile::launch_input(tile::kPerTensor, tile::per_tensor_params(a, reverse), a.input, a.in_dtype,
+                     a.out_dtype, stream);
 }
 
 }  // namespace cuda

@@ -1,0 +1,111 @@
+// Activations on CUDA (te/activation.h has the contract; cpu/activation.cpp is the reference):
+// the fp32 math shared by activation_fwd.cu and activation_bwd.cu (two files so the two sets of
+// kernels, each one per base activation and output mode, compile in parallel).
+//
+// The formulas are the reference's, operation for operation: every multiply, add and divide is an
+// explicit round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA, so
+// the only differences from the CPU are CUDA's expf/tanhf (a few ulps), and every kernel that
+// evaluates them (the flat pass, the tile kernel) gets the same bits: a quantized output is exactly
+// te_quantize of this backend's own fp32 result.
+//
+// Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid) and output
+// mode; whether the kind is gated and the dtypes of grad and input are run-time values (uniform
+// branches once per 8 elements), which keeps the instantiation count and the build time down.
+// The loaders (activation_*.cu) plug the math into cuda/fused_output.cuh, which picks the passes.
+// They rely on: zero inputs give a +-0 result for every kind (act(0) = 0 for the plain kinds, a
+// zero gate or a zero grad elsewhere, and act/dact are finite at 0), so the zero-filled tail of a
+// partial unit never raises a max or a column sum.
+#pragma once
+
+#include "common/error.h"
+#include "cuda/cuda_utils.cuh"
+#include "te/activation.h"
+
+namespace te {
+namespace cuda {
+namespace activation {
+
+// The activation of a plain kind, and of a gated kind's first half (GLU's is the sigmoid).
+enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid };
+
+__device__ __forceinline__ float sigmoid(float x) {
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+}
+
+// s * (1 - s) from s = sigmoid(x).
+__device__ __forceinline__ float dsigmoid_of(float s) { return __fmul_rn(s, __fsub_rn(1.0f, s)); }
+
+// x for x > 0, else 0, NaN staying NaN.
+__device__ __forceinline__ float relu_or(float x, float positive) {
+  return x > 0.0f ? positive : (x == x ? 0.0f : x);
+}
+
+template <int kBase>
+__device__ __forceinline__ float act(float x) {
+  if constexpr (kBase == kGelu) {
+    const float inner = __fmul_rn(x, __fadd_rn(0.79788456f, __fmul_rn(__fmul_rn(0.03567741f, x), x)));
+    return __fmul_rn(x, __fadd_rn(0.5f, __fmul_rn(0.5f, tanhf(inner))));
+  } else if constexpr (kBase == kRelu) {
+    return relu_or(x, x);
+  } else if constexpr (kBase == kSilu) {
+    return __fmul_rn(x, sigmoid(x));
+  } else if constexpr (kBase == kQgelu) {
+    return __fmul_rn(x, sigmoid(__fmul_rn(1.702f, x)));
+  } else if constexpr (kBase == kSrelu) {
+    return relu_or(x, __fmul_rn(x, x));
+  } else {
+    return sigmoid(x);
+  }
+}
+
+template <int kBase>
+__device__ __forceinline__ float dact(float x) {
+  if constexpr (kBase == kGelu) {
+    const float t = tanhf(__fmul_rn(__fmul_rn(0.79788456f, x),
+                                    __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x))));
+    const float poly = __fadd_rn(0.79788456f, __fmul_rn(__fmul_rn(0.1070322243f, x), x));
+    const float left = __fmul_rn(__fmul_rn(0.5f, x), __fmul_rn(__fsub_rn(1.0f, __fmul_rn(t, t)), poly));
+    return __fadd_rn(left, __fmul_rn(0.5f, __fadd_rn(1.0f, t)));
+  } else if constexpr (kBase == kRelu) {
+    return relu_or(x, 1.0f);
+  } else if constexpr (kBase == kSilu) {
+    const float s = sigmoid(x);
+    return __fadd_rn(__fmul_rn(x, dsigmoid_of(s)), s);
+  } else if constexpr (kBase == kQgelu) {
+    const float y = __fmul_rn(1.702f, x);
+    const float s = sigmoid(y);
+    return __fadd_rn(__fmul_rn(y, dsigmoid_of(s)), s);
+  } else if constexpr (kBase == kSrelu) {
+    return relu_or(x, __fmul_rn(2.0f, x));
+  } else {
+    return dsigmoid_of(sigmoid(x));
+  }
+}
+
+// Calls f(IntC<base>{}, gated) for a te_activation (the API validated it).
+template <typename F>
+inline void with_base(int32_t activation, F&& f) {
+  switch (activation) {
+    case TE_ACTIVATION_GELU: f(IntC<kGelu>{}, false); break;
+    case TE_ACTIVATION_RELU: f(IntC<kRelu>{}, false); break;
+    case TE_ACTIVATION_SILU: f(IntC<kSilu>{}, false); break;
+    case TE_ACTIVATION_QGELU: f(IntC<kQgelu>{}, false); break;
+    case TE_ACTIVATION_SRELU: f(IntC<kSrelu>{}, false); break;
+    case TE_ACTIVATION_GEGLU: f(IntC<kGelu>{}, true); break;
+    case TE_ACTIVATION_REGLU: f(IntC<kRelu>{}, true); break;
+    case TE_ACTIVATION_SWIGLU: f(IntC<kSilu>{}, true); break;
+    case TE_ACTIVATION_QGEGLU: f(IntC<kQgelu>{}, true); break;
+    case TE_ACTIVATION_SREGLU: f(IntC<kSrelu>{}, true); break;
+    case TE_ACTIVATION_GLU: f(IntC<kSigmoid>{}, true); break;
+    default: fail(TE_ERROR_INTERNAL, "CUDA activation: unexpected kind ", activation);
+  }
+}
+
+// Whether rows of `elems` elements of `bytes` each start 16-byte aligned after `p`.
+inline bool vec_rows(const void* p, int64_t elems, int64_t bytes) {
+  return aligned(p, 16) && (elems * bytes) % 16 == 0;
+}
+
+}  // namespace activation
+}  // namespace cuda
+}  // namespace te

@@ -1,0 +1,402 @@
+// How a CUDA fused op (activation forward/backward, dbias + quantize) writes the fp32 result it
+// computes elementwise: rounded into a high-precision buffer, or quantized by exactly the rules of
+// quantize_per_tensor / quantize_block (the CPU twin is cpu/fused_output.h), optionally with the
+// column sums of the result for a bias gradient.
+//
+// The op supplies a loader (cast_tile.cuh describes the interface) that loads its inputs for 8
+// consecutive result elements and computes them. Plans, by output:
+//   high precision, or per-tensor DELAYED FP8 row-wise only: one pass, flat_kernel (a grid-stride
+//     loop over 8-element units, 16-byte loads where aligned, the amax of the fp32 result with one
+//     atomic per CTA).
+//   per-tensor CURRENT scaling: pass 1 is flat_kernel computing only the amax (nothing written),
+//     pass 2 recomputes and quantizes with the scale derived from that amax on the device (no host
+//     synchronisation), walking the tensor last-first so the tail pass 1 read last is still in L2.
+//   a column-wise copy, 1x128 blocks, or a bias gradient: the 128x128 tile kernel of
+//     cast_tile.cuh with the op's loader, so one read gives both copies and the column sums.
+//   128x128 blocks (a weight's recipe, rare here): the result through an fp32 scratch, then the
+//     plain input's tile plan (see write()).
+// The quantized bytes, scales and amax equal te_quantize of the op's fp32 result bit for bit: the
+// same values reach the same per-element conversion (quantize8) and the same scale rules.
+// Bias gradients: the tile kernel writes each 128-row tile row's column sums to an fp32 scratch
+// (stream-ordered allocation), and a second kernel adds those partials in row order, so the result
+// is the same bits on every run, then rounds it once to the bias dtype.
+#pragma once
+
+#include <type_traits>
+
+#include "common/kernels.h"
+#include "cuda/amax.cuh"
+#include "cuda/cast_tile.cuh"
+#include "cuda/cuda_utils.cuh"
+
+namespace te {
+namespace cuda {
+namespace fused {
+
+// ---------------------------------------------------------------------------------------------
+// 8 source elements of a dtype known only at run time (fp32: 8 words; fp16/bf16: 4 packed words).
+// Fused ops take each input's dtype at run time so their kernels are instantiated per activation
+// and output mode only; the dtype branch is uniform and taken once per 8 elements.
+struct Src8 {
+  uint32_t w[8];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = 0;
+  }
+
+  // Elements base[i..i+7], 16-byte aligned.
+  __device__ __forceinline__ void load_vec(const void* base, int64_t i, int32_t dtype) {
+    zero();
+    if (dtype == TE_DTYPE_FLOAT32) {
+      Raw8<float> r;
+      r.load_vec(static_cast<const float*>(base) + i);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k] = r.w[k];
+    } else {
+      Raw8<__half> r;  // fp16 and bf16 load alike: 16-bit words
+      r.load_vec(static_cast<const __half*>(base) + i);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = r.w[k];
+    }
+  }
+
+  // Elements base[i..i+valid), element-aligned; the rest are +0.
+  __device__ __forceinline__ void load_scalar(const void* base, int64_t i, int32_t dtype,
+                                              int valid) {
+    zero();
+    if (dtype == TE_DTYPE_FLOAT32) {
+      Raw8<float> r;
+      r.load_scalar(static_cast<const float*>(base) + i, valid);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k] = r.w[k];
+    } else {
+      Raw8<__half> r;
+      r.load_scalar(static_cast<const __half*>(base) + i, valid);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = r.w[k];
+    }
+  }
+
+  // Element k from base[i]; the vector must have been zeroed.
+  __device__ __forceinline__ void load_one(int k, const void* base, int64_t i, int32_t dtype) {
+    if (dtype == TE_DTYPE_FLOAT32) {
+      w[k] = __ldg(static_cast<const uint32_t*>(base) + i);
+    } else {
+      w[k / 2] |= static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(base) + i))
+                  << (16 * (k & 1));
+    }
+  }
+
+  // The 8 elements widened to fp32 (exact).
+  __device__ __forceinline__ void decode(int32_t dtype, float (&v)[8]) const {
+    if (dtype == TE_DTYPE_FLOAT32) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k]);
+    } else if (dtype == TE_DTYPE_BFLOAT16) {
+      Raw8<__nv_bfloat16> r;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) r.w[k] = w[k];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = r.get(k);
+    } else {
+      Raw8<__half> r;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) r.w[k] = w[k];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = r.get(k);
+    }
+  }
+};
+
+// Size in bytes of a fp32/fp16/bf16 element.
+inline int64_t source_bytes(int32_t dtype) { return dtype == TE_DTYPE_FLOAT32 ? 4 : 2; }
+
+// ---------------------------------------------------------------------------------------------
+// The flat pass.
+
+constexpr int kFlatThreads = 256;
+constexpr int kUnitsPerThread = 4;
+constexpr int64_t kUnitsPerStep = static_cast<int64_t>(kFlatThreads) * kUnitsPerThread;
+constexpr int32_t kNoStore = -1;  // FlatParams::out_dtype of an amax-only pass
+
+struct FlatParams {
+  int64_t rows, cols;
+  int64_t units_per_row;  // ceil(cols / 8)
+  int64_t units;          // rows * units_per_row
+  bool narrow;            // units < 2^32: 32-bit index arithmetic
+  int32_t out_dtype;      // kNoStore, fp32/fp16/bf16 (rounded) or FP8 (quantized per tensor)
+  void* out;              // [rows, cols]
+  bool vec_out;           // full units stored whole (FP8: 8 bytes, else 16/32 bytes)
+  // FP8, as quantize_per_tensor's row-wise cast: delayed reads *scale; current derives the scale
+  // from *amax_in; amax_out (max-accumulated) may be set in either kind of pass.
+  const float* scale;
+  const float* amax_in;
+  float* amax_out;
+  float* scale_out;
+  float* rowwise_scale_inv;
+  float* columnwise_scale_inv;
+  bool current, reverse, pow2;
+  float eps;
+};
+
+// At most 128 registers: two resident CTAs (16 warps) per SM, each thread with 4 units' loads in
+// flight, is plenty for an elementwise pass; uncapped, the backward kernels take 150+ and get one.
+template <typename L>
+__global__ void __launch_bounds__(kFlatThreads, 2) flat_kernel(const FlatParams p, const L ld) {
+  static_assert(std::is_same_v<typename L::Value, float>, "flat_kernel: computed fp32 sources");
+  __shared__ uint32_t scratch[kFlatThreads / 32];
+  const int tid = threadIdx.x;
+  const bool fp8 = p.out_dtype == TE_DTYPE_FLOAT8_E4M3 || p.out_dtype == TE_DTYPE_FLOAT8_E5M2;
+  float s = 1.0f;
+  if (fp8) {
+    s = p.current ? compute_scale_from_amax(*p.amax_in, fp8_max(p.out_dtype), p.pow2, p.eps)
+                  : *p.scale;
+    if (blockIdx.x == 0 && tid == 0) {
+      const float s_inv = 1.0f / s;
+      if (p.current && p.scale_out != nullptr) *p.scale_out = s;
+      if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
+      if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
+    }
+  }
+  uint32_t m = 0;
+  const int64_t steps = ceil_div(p.units, kUnitsPerStep);
+  // Units loaded before any is finished: the loader's register budget (its tile batch).
+  constexpr int kBatch = 2 * L::kBatchRows;
+  static_assert(kUnitsPerThread % kBatch == 0, "flat_kernel: batch must divide the step");
+  for (int64_t step = blockIdx.x; step < steps; step += gridDim.x) {
+    const int64_t base = (p.reverse ? steps - 1 - step : step) * kUnitsPerStep + tid;
+#pragma unroll
+    for (int j0 = 0; j0 < kUnitsPerThread; j0 += kBatch) {
+      typename L::Raw raw[kBatch];
+      int64_t row[kBatch], col[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t u = base + (j0 + j) * kFlatThreads;
+        if (p.narrow) {
+          const uint32_t uu = static_cast<uint32_t>(u), upr = static_cast<uint32_t>(p.units_per_row);
+          row[j] = uu / upr;
+          col[j] = 8 * static_cast<int64_t>(uu - static_cast<uint32_t>(row[j]) * upr);
+        } else {
+          row[j] = u / p.units_per_row;
+          col[j] = 8 * (u - row[j] * p.units_per_row);
+        }
+        if (u < p.units) ld.load(raw[j], row[j], col[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (base + (j0 + j) * kFlatThreads >= p.units) continue;
+        Raw8<float> x;
+        ld.finish(raw[j], col[j], x);
+        if (p.amax_out != nullptr) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x.get(k)));
+        }
+        const int64_t idx = row[j] * p.cols + col[j];
+        const int64_t valid = p.cols - col[j];
+        if (p.out_dtype == TE_DTYPE_FLOAT8_E4M3) {
+          tile::store_row8(static_cast<uint8_t*>(p.out) + idx,
+                           quantize8<TE_DTYPE_FLOAT8_E4M3>(x, s), valid, p.vec_out);
+        } else if (p.out_dtype == TE_DTYPE_FLOAT8_E5M2) {
+          tile::store_row8(static_cast<uint8_t*>(p.out) + idx,
+                           quantize8<TE_DTYPE_FLOAT8_E5M2>(x, s), valid, p.vec_out);
+        } else if (p.out_dtype != kNoStore) {
+          float v[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = x.get(k);
+          store8_rounded(p.out, idx, v, p.out_dtype, static_cast<int>(valid < 8 ? valid : 8),
+                         p.vec_out && valid >= 8);
+        }
+      }
+    }
+  }
+  if (p.amax_out != nullptr) {
+    m = block_max<kFlatThreads>(m, scratch);
+    if (tid == 0) atomic_max_amax(p.amax_out, m);  // fp32 results: no canonical NaN to apply
+  }
+}
+
+template <typename L>
+void launch_flat(FlatParams p, const L& ld, cudaStream_t stream) {
+  p.units_per_row = ceil_div(p.cols, 8);
+  p.units = p.rows * p.units_per_row;
+  p.narrow = p.units < (int64_t{1} << 32);
+  const bool fp8 = p.out_dtype == TE_DTYPE_FLOAT8_E4M3 || p.out_dtype == TE_DTYPE_FLOAT8_E5M2;
+  p.vec_out = p.out != nullptr && p.cols % 8 == 0 && aligned(p.out, fp8 ? 8 : 16);
+  // One step per block, as quantize_per_tensor's cast: blocks that finish early take new steps.
+  int64_t blocks = ceil_div(p.units, kUnitsPerStep);
+  if (blocks > 0x7fffffffLL) blocks = 0x7fffffffLL;
+  if (blocks < 1) blocks = 1;
+  flat_kernel<L><<<static_cast<unsigned>(blocks), kFlatThreads, 0, stream>>>(p, ld);
+  check_launch("flat_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradients.
+
+// Stream-ordered device scratch: allocated in `stream`, freed in `stream` when this goes out of
+// scope (also when a launch in between throws), so no host synchronisation is needed.
+class Scratch {
+ public:
+  Scratch(int64_t bytes, cudaStream_t stream);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  float* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// out[c] = sum over chunks i, first to last, of partial[i * cols + c], rounded once to dtype
+// (fp32/fp16/bf16).
+void sum_column_partials(const float* partial, int64_t chunks, int64_t cols, void* out,
+                         int32_t dtype, cudaStream_t stream);
+
+// A bias gradient to produce: data [cols] or nullptr, dtype fp32/fp16/bf16.
+struct Dbias {
+  void* data;
+  int32_t dtype;
+};
+
+// An empty result: no element to read, but the bias is zero and a per-tensor output's scales are
+// written exactly as te_quantize writes them for an empty tensor.
+void write_empty(const FusedOutput& out, int64_t cols, Dbias dbias, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// The plan of the file comment.
+
+// The flat pass that writes `out` (high precision, or per-tensor FP8 row-wise only).
+inline FlatParams flat_params(const FusedOutput& out, int64_t rows, int64_t cols, bool reverse) {
+  FlatParams f{};
+  f.rows = rows;
+  f.cols = cols;
+  if (out.kind == kFusedHighPrecision) {
+    f.out_dtype = out.dtype;
+    f.out = out.data;
+    return f;
+  }
+  const PerTensorQuantizeArgs& a = out.per_tensor;
+  f.out_dtype = a.out_dtype;
+  f.out = a.rowwise;
+  f.scale = a.scale;
+  f.amax_in = a.amax;
+  f.amax_out = a.current ? nullptr : a.amax;
+  f.scale_out = a.scale;
+  f.rowwise_scale_inv = a.rowwise_scale_inv;
+  f.columnwise_scale_inv = a.columnwise_scale_inv;
+  f.current = a.current;
+  f.reverse = reverse;
+  f.pow2 = a.force_pow2_scales;
+  f.eps = a.amax_epsilon;
+  return f;
+}
+
+// Current scaling's first pass: *amax = max |result|. A plain input's amax is te_quantize's own
+// pass over it (amax.cu), which also canonicalises fp16/bf16 NaNs as te_quantize does.
+template <bool kComputed, typename L>
+void amax_pass(const PerTensorQuantizeArgs& a, const L& ld, int64_t rows, int64_t cols,
+               cudaStream_t stream) {
+  if constexpr (kComputed) {
+    check_cuda(cudaMemsetAsync(a.amax, 0, sizeof(float), stream), "fused amax: cudaMemsetAsync");
+    FlatParams f{};
+    f.rows = rows;
+    f.cols = cols;
+    f.out_dtype = kNoStore;
+    f.amax_out = a.amax;
+    launch_flat(f, ld, stream);
+  } else {
+    amax_into_zeroed(ld.in, a.in_dtype, rows * cols, a.amax, stream);
+  }
+}
+
+// Result [rows, cols] from loader `ld` into `out`, with the column sums into `dbias`. A loader
+// that reads a plain input (InputLoader: te_dbias_quantize) is only used with an FP8 output and a
+// bias, both of which take the tile kernel. kMayHaveDbias false (an op without a bias gradient)
+// leaves out the high-precision tile kernel, which only a bias gradient needs.
+template <bool kMayHaveDbias, typename L>
+void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbias dbias,
+           cudaStream_t stream) {
+  if (rows == 0 || cols == 0) {
+    write_empty(out, cols, dbias, stream);
+    return;
+  }
+  constexpr bool kComputed = !std::is_same_v<L, tile::InputLoader<typename L::Value>>;
+  const bool per_tensor = out.kind == kFusedPerTensor;
+  const bool tiles = dbias.data != nullptr || out.kind == kFusedBlock ||
+                     (per_tensor && out.per_tensor.columnwise != nullptr);
+  bool reverse = false;
+  if (per_tensor && out.per_tensor.current && !out.per_tensor.use_existing_amax) {
+    amax_pass<kComputed>(out.per_tensor, ld, rows, cols, stream);
+    reverse = true;  // pass 2 starts where pass 1 ended, on what L2 still holds
+  }
+
+  if constexpr (kComputed) {
+    if (!tiles) {
+      launch_flat(flat_params(out, rows, cols, reverse), ld, stream);
+      return;
+    }
+    if (out.kind == kFusedBlock && out.block.block_dim == 2) {
+      // 128x128 blocks are the weights' recipe, not an activation's, so rather than compile one
+      // more tile kernel per activation, the result goes through an fp32 scratch and the plain
+      // plan (te_quantize's kernels, plus the bias): 8 more bytes of traffic per element.
+      Scratch y(rows * cols * 4, stream);
+      FusedOutput fp32{};
+      fp32.kind = kFusedHighPrecision;
+      fp32.data = y.data();
+      fp32.dtype = TE_DTYPE_FLOAT32;
+      launch_flat(flat_params(fp32, rows, cols, false), ld, stream);
+      FusedOutput plain = out;
+      plain.block.input = y.data();
+      plain.block.in_dtype = TE_DTYPE_FLOAT32;
+      tile::InputLoader<float> from_y{};
+      from_y.in = y.data();
+      from_y.cols = cols;
+      write<kMayHaveDbias>(plain, from_y, rows, cols, dbias, stream);
+      return;
+    }
+  } else {
+    if (!tiles) fail(TE_ERROR_INTERNAL, "fused::write: a plain input needs an FP8 output and a bias");
+  }
+
+  const int64_t chunks = ceil_div(rows, tile::kTile);
+  Scratch partials(dbias.data != nullptr ? chunks * cols * 4 : 0, stream);
+  tile::Params p{};
+  int mode = tile::kHighPrecision;
+  int32_t out_dtype = out.dtype;
+  if (per_tensor) {
+    p = tile::per_tensor_params(out.per_tensor, reverse);
+    mode = tile::kPerTensor;
+    out_dtype = out.per_tensor.out_dtype;
+  } else if (out.kind == kFusedBlock) {
+    p = tile::block_params(out.block);
+    mode = out.block.block_dim == 2 ? tile::kBlock2D : tile::kBlock1D;
+    out_dtype = out.block.out_dtype;
+  } else {
+    p.rows = rows;
+    p.cols = cols;
+    p.rowwise = static_cast<uint8_t*>(out.data);
+  }
+  p.dbias_partial = partials.data();
+  if constexpr (kComputed) {
+    if (mode == tile::kPerTensor) {
+      tile::launch_loader<tile::kPerTensor>(p, ld, out_dtype, stream);
+    } else if (mode == tile::kBlock1D) {
+      tile::launch_loader<tile::kBlock1D>(p, ld, out_dtype, stream);
+    } else if constexpr (kMayHaveDbias) {
+      tile::launch_loader<tile::kHighPrecision>(p, ld, out_dtype, stream);
+    }
+  } else {
+    // The plain-input kernels are compiled once, in cast_tile.cu.
+    const int32_t in_dtype = per_tensor ? out.per_tensor.in_dtype : out.block.in_dtype;
+    tile::launch_input(mode, p, ld.in, in_dtype, out_dtype, stream);
+  }
+  if (dbias.data != nullptr) {
+    sum_column_partials(partials.data(), chunks, cols, dbias.data, dbias.dtype, stream);
+  }
+}
+
+}  // namespace fused
+}  // namespace cuda
+}  // namespace te
