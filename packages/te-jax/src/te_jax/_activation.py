@@ -69,47 +69,49 @@ def activation(x, activation_type=("gelu",)):
     return _activation(kind, x)
 
 
-def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None):
-    """act(x): high precision (x's dtype) or a ScaledTensor per ``fp8``."""
+def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None, scale=None):
+    """act(x): high precision (x's dtype) or a ScaledTensor per ``fp8`` (``scale``: the delayed
+    scale when ``fp8.delayed``)."""
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
-    parts = _act_fwd(x, kind=kind, fp8=fp8)
+    parts = _act_fwd(x, scale, kind=kind, fp8=fp8)
     return _fused.assemble(parts, out_shape, x.dtype, fp8)
 
 
-def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False):
+def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False, scale=None):
     """(dx, dbias or None): dx high precision (x's dtype) or a ScaledTensor per ``fp8``."""
-    parts = _act_bwd(grad, x, kind=kind, fp8=fp8, dbias=dbias)
+    parts = _act_bwd(grad, x, scale, kind=kind, fp8=fp8, dbias=dbias)
     dx = _fused.assemble(parts[:6], x.shape, x.dtype, fp8)
     return dx, (parts[6] if dbias else None)
 
 
-def dbias_quantize(x, fp8: _fused.Fp8Out):
+def dbias_quantize(x, fp8: _fused.Fp8Out, scale=None):
     """(x quantized per ``fp8``, the column sums of x [K] in x's dtype), one te kernel."""
-    parts = _dbias_quantize(x, fp8=fp8)
+    parts = _dbias_quantize(x, scale, fp8=fp8)
     return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6]
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "fp8"))
-def _act_fwd(x, *, kind, fp8):
+def _act_fwd(x, scale, *, kind, fp8):
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
-    scale, amax = _fused.absent_stats()
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
     return _ffi.call(
         _ffi.ACT_FWD,
         _fused.output_specs(out_shape, x.dtype, fp8),
         x,
         scale,
         amax,
+        aliases=aliases,
         activation=np.int32(kind),
         **_fused.attrs(fp8),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "fp8", "dbias"))
-def _act_bwd(grad, x, *, kind, fp8, dbias):
+def _act_bwd(grad, x, scale, *, kind, fp8, dbias):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), dbias),
     )
-    scale, amax = _fused.absent_stats()
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=2)
     return _ffi.call(
         _ffi.ACT_BWD,
         specs,
@@ -117,6 +119,7 @@ def _act_bwd(grad, x, *, kind, fp8, dbias):
         x,
         scale,
         amax,
+        aliases=aliases,
         activation=np.int32(kind),
         has_dbias=np.bool_(dbias),
         **_fused.attrs(fp8),
@@ -124,12 +127,20 @@ def _act_bwd(grad, x, *, kind, fp8, dbias):
 
 
 @functools.partial(jax.jit, static_argnames=("fp8",))
-def _dbias_quantize(x, *, fp8):
+def _dbias_quantize(x, scale, *, fp8):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), True),
     )
-    scale, amax = _fused.absent_stats()
-    return _ffi.call(_ffi.DBIAS_QUANTIZE, specs, x, scale, amax, **_fused.attrs(fp8, with_quantized=False))
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
+    return _ffi.call(
+        _ffi.DBIAS_QUANTIZE,
+        specs,
+        x,
+        scale,
+        amax,
+        aliases=aliases,
+        **_fused.attrs(fp8, with_quantized=False),
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -3,8 +3,7 @@
 Forward runs te_norm_fwd_ffi and keeps (x, mu, rsigma, gamma) for the backward, which runs
 te_norm_bwd_ffi (dx, dgamma, dbeta in one kernel); nothing is recomputed in JAX. The FP8-output
 forward (te's fused norm + quantize, bit-identical to a norm followed by te_jax.quantize) is
-``norm_fwd(..., fp8=Fp8Out(...))``, private until the fused layernorm_dense of the next slice
-uses it.
+``norm_fwd(..., fp8=Fp8Out(...))``, which te_jax's fused layernorm_dense / layernorm_mlp use.
 """
 
 from __future__ import annotations
@@ -90,24 +89,26 @@ def layernorm(
     return _layernorm(cfg, x, gamma, beta)
 
 
-def norm_fwd(x, gamma, beta, cfg: _Config, fp8: _fused.Fp8Out | None = None):
-    """(y, mu, rsigma): y high precision (x's dtype) or a ScaledTensor per ``fp8``."""
-    parts = _norm_fwd(x, gamma, beta, cfg=cfg, fp8=fp8)
+def norm_fwd(x, gamma, beta, cfg: _Config, fp8: _fused.Fp8Out | None = None, scale=None):
+    """(y, mu, rsigma): y high precision (x's dtype) or a ScaledTensor per ``fp8`` (``scale``:
+    the delayed scale when ``fp8.delayed``; y.amax is then amax(y))."""
+    parts = _norm_fwd(x, gamma, beta, scale, cfg=cfg, fp8=fp8)
     return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6], parts[7]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "fp8"))
-def _norm_fwd(x, gamma, beta, *, cfg, fp8):
+def _norm_fwd(x, gamma, beta, scale, *, cfg, fp8):
     specs = _ops.norm_fwd_outputs(tuple(x.shape), cfg.norm_type, _fused.output_specs(x.shape, x.dtype, fp8))
-    scale, amax = _fused.absent_stats()
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=3)
     return _ffi.call(
         _ffi.NORM_FWD,
         specs,
         x,
         gamma,
-        scale if beta is None else beta,  # [0]: no beta
+        jnp.zeros(_ops.ABSENT_SHAPE, jnp.float32) if beta is None else beta,  # [0]: no beta
         scale,
         amax,
+        aliases=aliases,
         norm_type=np.int32(cfg.norm_type),
         eps=np.float32(cfg.eps),
         zero_centered_gamma=np.bool_(cfg.zero_centered_gamma),
@@ -116,7 +117,7 @@ def _norm_fwd(x, gamma, beta, *, cfg, fp8):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _norm_bwd(dz, x, mu, rsigma, gamma, *, cfg):
+def norm_bwd(dz, x, mu, rsigma, gamma, *, cfg):
     specs = _ops.norm_bwd_outputs(
         tuple(x.shape), cfg.norm_type, _dtypes.to_te(x.dtype), _dtypes.to_te(gamma.dtype)
     )
@@ -146,7 +147,7 @@ def _layernorm_fwd(cfg, x, gamma, beta):
 
 def _layernorm_bwd(cfg, res, dy):
     x, mu, rsigma, gamma, beta = res
-    dx, dgamma, dbeta = _norm_bwd(dy.astype(x.dtype), x, mu, rsigma, gamma, cfg=cfg)
+    dx, dgamma, dbeta = norm_bwd(dy.astype(x.dtype), x, mu, rsigma, gamma, cfg=cfg)
     return dx, dgamma, None if beta is None else dbeta.astype(beta.dtype)
 
 
