@@ -27,6 +27,15 @@ from te_jax._scaled_tensor import ScaledTensor as ScaledTensor
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # te_jax.flax needs flax, which te-jax does not require: imported on first use only
+    if name == "flax":
+        import importlib
+
+        return importlib.import_module("te_jax.flax")
+    raise AttributeError(f"module 'te_jax' has no attribute {name!r}")
+
 __all__ = [
     "__version__",
     "recipe",

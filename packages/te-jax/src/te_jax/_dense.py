@@ -130,7 +130,9 @@ def dense(
     state = _op_common.check_state(plan, recipe_state, roles)
     rng = _op_common.check_rng(plan, rng)
     if x.ndim == 1:
-        return dense(x[None], kernel, bias, recipe=recipe, recipe_state=recipe_state, kernel_spec=kernel_spec, rng=rng)[0]
+        return dense(
+            x[None], kernel, bias, recipe=recipe, recipe_state=recipe_state, kernel_spec=kernel_spec, rng=rng
+        )[0]
 
     if input_spec is None:
         input_spec = _sharding.default_input_spec(x.ndim)
@@ -140,7 +142,11 @@ def dense(
     _op_common.check_blocks(
         plan,
         lay,
-        [("x", x.shape, xs, True), ("kernel", kernel.shape, ks, False), ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True)],
+        [
+            ("x", x.shape, xs, True),
+            ("kernel", kernel.shape, ks, False),
+            ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True),
+        ],
     )
     st = _Static(
         plan=plan,
@@ -222,4 +228,3 @@ def _dense_bwd(st, saved, dy):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
-

@@ -82,9 +82,7 @@ def _e8m0_scale_inv(amax, fp8_max: float):
     e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).astype(jnp.uint32)
     e = jnp.minimum(e, jnp.uint32(0xFE))
     # 2^(e - 127) built from its bits: a normal for e >= 1, the subnormal 2^-127 for e == 0
-    value = jax.lax.bitcast_convert_type(
-        jnp.where(e == 0, jnp.uint32(0x00400000), e << 23), _F32
-    )
+    value = jax.lax.bitcast_convert_type(jnp.where(e == 0, jnp.uint32(0x00400000), e << 23), _F32)
     return jnp.where(jnp.isnan(amax), jnp.float32(jnp.nan), value)
 
 
@@ -202,4 +200,3 @@ def quantize(x, q, rowwise: bool, columnwise: bool, reduce_axes=(), rng=None) ->
 def block_of(q) -> int:
     """The block length of an emulated quantizer (32 MXFP8, 16 NVFP4)."""
     return MX_BLOCK if q.kind == "mxfp8" else NVFP4_BLOCK
-

@@ -24,7 +24,15 @@ from jax.sharding import PartitionSpec as P
 
 from te_jax import _delayed, _op_common, _sharding
 from te_jax._dense import dense_axes, roles_of
-from te_jax._linear import LinearAxes, Roles, linear_bwd, linear_fwd, norm_backward, norm_quantize, quantize_grad
+from te_jax._linear import (
+    LinearAxes,
+    Roles,
+    linear_bwd,
+    linear_fwd,
+    norm_backward,
+    norm_quantize,
+    quantize_grad,
+)
 from te_jax._norm import _check as _check_norm
 from te_jax._norm import _Config as NormConfig
 from te_jax._quantizer import Plan, plan_for
@@ -86,7 +94,9 @@ def layernorm_dense(
     kernel = _op_common.array(kernel, "kernel")
     h = x.shape[-1]
     if kernel.ndim != 2 or kernel.shape[0] != h:
-        raise ValueError(f"kernel: expected shape [{h}, N] (x's last dim H = {h}, out), got {tuple(kernel.shape)}")
+        raise ValueError(
+            f"kernel: expected shape [{h}, N] (x's last dim H = {h}, out), got {tuple(kernel.shape)}"
+        )
     n = kernel.shape[1]
     if not plan.quantized and x.dtype != kernel.dtype:
         raise TypeError(
@@ -108,12 +118,18 @@ def layernorm_dense(
     lay = _sharding.layout([(x.shape, input_spec, "input_spec"), (kernel.shape, kernel_spec, "kernel_spec")])
     xs, ks = lay.specs
     if xs[-1] is not None:
-        raise ValueError(f"input_spec: the normalized dim H may not be split (the norm reduces over it), got {P(*xs)}")
+        raise ValueError(
+            f"input_spec: the normalized dim H may not be split (the norm reduces over it), got {P(*xs)}"
+        )
     axes = dense_axes(lay, x.ndim)
     _op_common.check_blocks(
         plan,
         lay,
-        [("x", x.shape, xs, True), ("kernel", kernel.shape, ks, False), ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True)],
+        [
+            ("x", x.shape, xs, True),
+            ("kernel", kernel.shape, ks, False),
+            ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True),
+        ],
     )
     st = _Static(
         plan=plan,

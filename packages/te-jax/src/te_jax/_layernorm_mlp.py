@@ -159,16 +159,22 @@ def layernorm_mlp(
 
     if input_spec is None:
         input_spec = _sharding.default_input_spec(x.ndim)
-    lay = _sharding.layout([(x.shape, input_spec, "input_spec"), (kernel_1.shape, kernel_1_spec, "kernel_1_spec")])
+    lay = _sharding.layout(
+        [(x.shape, input_spec, "input_spec"), (kernel_1.shape, kernel_1_spec, "kernel_1_spec")]
+    )
     xs, k1s = lay.specs
     if xs[-1] is not None:
-        raise ValueError(f"input_spec: the normalized dim H may not be split (the norm reduces over it), got {P(*xs)}")
+        raise ValueError(
+            f"input_spec: the normalized dim H may not be split (the norm reduces over it), got {P(*xs)}"
+        )
     if k1s[0] is not None or k1s[1] is not None:
         raise ValueError(f"kernel_1_spec: only F (the last entry) may be split, got {P(*k1s)}")
     rows = _op_common.row_axes(xs)
     tp = entry_axes(k1s[2])
     if set(rows) & set(tp):
-        raise ValueError(f"kernel_1_spec: mesh axes {sorted(set(rows) & set(tp))} split both F and input_spec's rows")
+        raise ValueError(
+            f"kernel_1_spec: mesh axes {sorted(set(rows) & set(tp))} split both F and input_spec's rows"
+        )
     _op_common.check_blocks(
         plan,
         lay,
@@ -223,7 +229,9 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
         x2, gamma, beta, st.norm, plan.x, st.rows, scale=scales.get(FC1.x), rng=rng1, hp_out=st.return_ln
     )
     b1 = None if b1 is None else jnp.reshape(b1, (width,))
-    pre, res1, amaxes = linear_fwd(plan, FC1, ax1, lnq, jnp.reshape(k1, (st.h, width)), b1, scales, st.x_dtype, rng1)
+    pre, res1, amaxes = linear_fwd(
+        plan, FC1, ax1, lnq, jnp.reshape(k1, (st.h, width)), b1, scales, st.x_dtype, rng1
+    )
     actq, a2 = act_quantize(pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2)
     y, res2, amaxes2 = linear_fwd(plan, FC2, ax2, actq, k2, b2, scales, st.x_dtype, rng2)
     amaxes.update(amaxes2)

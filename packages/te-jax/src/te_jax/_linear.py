@@ -67,7 +67,9 @@ def linear_fwd(plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, sca
         if bias is not None:
             y = y + bias.astype(out_dtype)
     else:
-        y = mm(xq, wq, trans_b=False, out_dtype=out_dtype, bias=bias_for(bias, out_dtype), split=plan.split_fprop)
+        y = mm(
+            xq, wq, trans_b=False, out_dtype=out_dtype, bias=bias_for(bias, out_dtype), split=plan.split_fprop
+        )
     amaxes = {} if w_amax is None else {roles.kernel: w_amax}
     return y, (keep(xq, rowwise=False), keep(wq, rowwise=True)), amaxes
 
@@ -110,7 +112,9 @@ def linear_bwd(plan: Plan, axes: LinearAxes, res, dyq, x_dtype, k_dtype):
     return dx, _sharding.psum(dk, axes.rows)
 
 
-def norm_quantize(x, gamma, beta, cfg, q: Quantizer | None, reduce_axes: Axes, scale=None, rng=None, hp_out=False):
+def norm_quantize(
+    x, gamma, beta, cfg, q: Quantizer | None, reduce_axes: Axes, scale=None, rng=None, hp_out=False
+):
     """LayerNorm/RMSNorm of x [M, H] with its output as the next GEMM's operand.
 
     Returns (operand, high-precision output or None, mu, rsigma, amax or None). te's fused
@@ -138,18 +142,24 @@ def act_quantize(pre, kind: int, q: Quantizer | None, reduce_axes: Axes, scale=N
     """(act(pre)'s operand for the next GEMM, amax or None): fused where te may (_fused_ok)."""
     if not _fused_ok(q, reduce_axes):
         a = act_fwd(pre, kind)
-        return quantize_operand(a, q, rowwise=True, columnwise=True, reduce_axes=reduce_axes, scale=scale, rng=rng)
+        return quantize_operand(
+            a, q, rowwise=True, columnwise=True, reduce_axes=reduce_axes, scale=scale, rng=rng
+        )
     aq = act_fwd(pre, kind, fp8=q.fp8_out(True, True), scale=scale)
     return aq, (_sharding.pmax(aq.amax, reduce_axes) if q.kind == "delayed" else None)
 
 
-def act_grad_quantize(plan: Plan, roles: Roles, grad, pre, kind: int, has_bias: bool, reduce_axes: Axes, scales, rng=None):
+def act_grad_quantize(
+    plan: Plan, roles: Roles, grad, pre, kind: int, has_bias: bool, reduce_axes: Axes, scales, rng=None
+):
     """(d pre's operand, dbias float32 or None, {grad role: amax}): the activation's backward
     with its output quantized for the GEMMs before it (fused where te may)."""
     q = plan.grad
     amaxes = {}
     if _fused_ok(q, reduce_axes):
-        dq, dbias = act_bwd(grad, pre, kind, fp8=q.fp8_out(True, True), dbias=has_bias, scale=scales.get(roles.grad))
+        dq, dbias = act_bwd(
+            grad, pre, kind, fp8=q.fp8_out(True, True), dbias=has_bias, scale=scales.get(roles.grad)
+        )
         if q.kind == "delayed":
             amaxes[roles.grad] = _sharding.pmax(dq.amax, reduce_axes)
         return dq, (None if dbias is None else dbias.astype(jnp.float32)), amaxes

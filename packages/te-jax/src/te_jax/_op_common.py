@@ -77,7 +77,9 @@ def check_blocks(plan: Plan, lay: Layout, operands) -> None:
 
 
 def _block_name(plan: Plan) -> str:
-    return {"block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling"}[plan.x.kind]
+    return {"block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling"}[
+        plan.x.kind
+    ]
 
 
 def check_state(plan: Plan, state, roles: dict, name: str = "recipe_state"):

@@ -175,7 +175,9 @@ def plan_for(recipe) -> Plan:
         q = Quantizer("nvfp4", None, "1d")
         return Plan(
             x=dataclasses.replace(q, rht=recipe.fp4_quant_fwd_inp.random_hadamard_transform),
-            w=dataclasses.replace(q, scaling_mode="2d" if recipe.fp4_quant_fwd_weight.fp4_2d_quantization else "1d"),
+            w=dataclasses.replace(
+                q, scaling_mode="2d" if recipe.fp4_quant_fwd_weight.fp4_2d_quantization else "1d"
+            ),
             grad=dataclasses.replace(
                 q,
                 rht=recipe.fp4_quant_bwd_grad.random_hadamard_transform,
@@ -250,7 +252,9 @@ def keep(operand, *, rowwise: bool):
             return dataclasses.replace(operand, columnwise_data=None, columnwise_scale_inv=None)
         return dataclasses.replace(operand, data=None, scale_inv=None)
     if isinstance(operand, _emulated.Emulated):
-        return _emulated.Emulated(operand.rowwise if rowwise else None, None if rowwise else operand.columnwise)
+        return _emulated.Emulated(
+            operand.rowwise if rowwise else None, None if rowwise else operand.columnwise
+        )
     return operand
 
 
@@ -259,7 +263,9 @@ def mm(a, b, *, trans_a: bool = False, trans_b: bool, out_dtype, bias=None, spli
     if isinstance(a, _emulated.Emulated):
         a_hp = a.columnwise if trans_a else a.rowwise
         b_hp = b.rowwise if trans_b else b.columnwise
-        y = gemm(a_hp, b_hp, bias=None if bias is None else bias.astype(_F32), trans_a=trans_a, trans_b=trans_b)
+        y = gemm(
+            a_hp, b_hp, bias=None if bias is None else bias.astype(_F32), trans_a=trans_a, trans_b=trans_b
+        )
         return y.astype(out_dtype)
     if isinstance(a, ScaledTensor):
         return gemm(

@@ -85,8 +85,7 @@ def _check_spec(spec, ndim: int, name: str, mesh) -> tuple:
                 raise TypeError(f"{name}: expected mesh axis names (str), got {a!r} in {spec}")
             if mesh is None:
                 raise ValueError(
-                    f"{name}: {spec} names mesh axes but no mesh is set; call the op under "
-                    "jax.set_mesh(mesh)"
+                    f"{name}: {spec} names mesh axes but no mesh is set; call the op under jax.set_mesh(mesh)"
                 )
             if a not in mesh.axis_names:
                 raise ValueError(f"{name}: axis {a!r} of {spec} is not in the mesh's axes {mesh.axis_names}")
@@ -186,17 +185,24 @@ def layout(shapes_and_specs: list[tuple[tuple[int, ...], object, str]]) -> Layou
     return Layout(mesh, tuple(specs))
 
 
-def default_input_spec(ndim: int) -> P | None:
-    """Activations' default spec: the batch (first) dim over autocast's MeshResource batch axes
-    present in the current mesh (dp, then fsdp); None without a MeshResource or mesh."""
+def default_input_spec(ndim: int, batch_dim: int = 0) -> P | None:
+    """Activations' default spec: the batch dim (``batch_dim``) over autocast's MeshResource
+    batch axes present in the current mesh (dp, then fsdp); None without a MeshResource or mesh."""
     resource = get_autocast_state().mesh_resource
     mesh = _context_mesh()
-    if resource is None or mesh is None or ndim < 2:
+    if resource is None or mesh is None or ndim < 2 or batch_dim >= ndim - 1:
         return None
     axes = tuple(a for a in resource.batch_axes if a in mesh.axis_names)
     if not axes:
         return None
-    return P(spec_entry(axes), *([None] * (ndim - 1)))
+    entries = [None] * ndim
+    entries[batch_dim] = spec_entry(axes)
+    return P(*entries)
+
+
+def context_mesh():
+    """The mesh te_jax's ops shard over now (jax.set_mesh's), or None."""
+    return _context_mesh()
 
 
 def pmax(x, axes: Axes):
