@@ -9,7 +9,8 @@ last dim of the [M, K] view, the column-wise one with blocks along the first (fo
 column-wise copy is not the transpose of the row-wise one). "2d" weights use square tiles, so
 both copies are equal. Edge blocks use only their valid elements.
 NVFP4 choices NUMERICS.md leaves open, stated here: the random Hadamard transform multiplies each
-run of 16 elements (a row vector v along the reduction dim) as ``v @ ((1/4) diag(s) H16)``; an
+run of 16 elements (a row vector v along the reduction dim) as ``v @ ((1/4) diag(s) H16)``,
+computed as the butterfly in _rht (its fp32 rounding order is part of the contract); an
 element whose block scale is 0 in E4M3 quantizes to 0; stochastic rounding draws one uniform
 [0, 1) per element from the caller's jax.random key.
 """
@@ -123,14 +124,18 @@ def _e2m1_stochastic(v, u):
 
 
 def _rht(x):
-    """Each run of 16 along the last dim of x [M, K] (K % 16 == 0) times (1/4) diag(s) H16."""
-    h = np.array([[1.0]], np.float32)
-    while h.shape[0] < NVFP4_BLOCK:
-        h = np.block([[h, h], [h, -h]])
-    t = jnp.asarray((np.diag(_RHT_SIGNS) @ h) / 4.0)
+    """Each run of 16 along the last dim of x [M, K] (K % 16 == 0), as a row vector v, to
+    v @ ((1/4) diag(s) H16): signs first, then H16 by the fast Walsh-Hadamard butterfly in fp32
+    (four stages of a + b, a - b: a fixed rounding order), then the exact 1/4."""
     m, k = x.shape
-    runs = x.reshape(m, k // NVFP4_BLOCK, NVFP4_BLOCK)
-    return jnp.einsum("mbi,ij->mbj", runs, t, precision=jax.lax.Precision.HIGHEST).reshape(m, k)
+    v = x.reshape(m, k // NVFP4_BLOCK, NVFP4_BLOCK) * jnp.asarray(_RHT_SIGNS)
+    h = 1
+    while h < NVFP4_BLOCK:
+        v = v.reshape(m, k // NVFP4_BLOCK, NVFP4_BLOCK // (2 * h), 2, h)
+        a, b = v[..., 0, :], v[..., 1, :]
+        v = jnp.stack([a + b, a - b], axis=-2)
+        h *= 2
+    return (v.reshape(m, k) * _F32(0.25)).astype(_F32)
 
 
 def _nvfp4(x, square: bool, global_amax, u=None):
