@@ -82,7 +82,11 @@ def test_state_sequence(algo, margin, fmt):
     steps = run_steps(r, fx, fd, length)
     grad_max = 57344.0 if fmt == recipe.Format.HYBRID else 448.0
     want = expected_sequence(
-        {"x": fx, "kernel": [0.5] * 5, "grad": fd}, {"x": 448.0, "kernel": 448.0, "grad": grad_max}, length, margin, algo
+        {"x": fx, "kernel": [0.5] * 5, "grad": fd},
+        {"x": 448.0, "kernel": 448.0, "grad": grad_max},
+        length,
+        margin,
+        algo,
     )
     for k, (x, w, dy, y, new_state, old_state) in enumerate(steps):
         for key, value in want[k].items():
@@ -118,7 +122,9 @@ def test_callables():
         seen["recipe"] = rec
         return jnp.float32(fp8_max) / (2 * amax)
 
-    r = recipe.DelayedScaling(amax_history_len=2, amax_compute_algo=amax_algo, scaling_factor_compute_algo=scale_algo)
+    r = recipe.DelayedScaling(
+        amax_history_len=2, amax_compute_algo=amax_algo, scaling_factor_compute_algo=scale_algo
+    )
     steps = run_steps(r, [2.0, 6.0], [1.0, 1.0], 2)
     assert seen["recipe"] is r
     np.testing.assert_allclose(float(steps[0][4]["x_scale"][0]), 448.0 / (2 * 1.0), rtol=1e-7)  # mean(2, 0)
@@ -140,7 +146,9 @@ def test_flax_collection_updates():
         variables = model.init(jax.random.PRNGKey(0), x)
         metas = variables[te_jax.flax.FP8_COLLECTION_NAME]
         assert set(metas) == {"LayerNormMLP_0", "DenseGeneral_0"}
-        assert set(metas["DenseGeneral_0"]) == {f"{r_}_{s}" for r_ in ROLES for s in ("scale", "amax_history")}
+        assert set(metas["DenseGeneral_0"]) == {
+            f"{r_}_{s}" for r_ in ROLES for s in ("scale", "amax_history")
+        }
         params = nn.unbox(variables["params"])
 
         @jax.jit
@@ -154,12 +162,12 @@ def test_flax_collection_updates():
         for k in range(3):
             scale = jnp.asarray(metas["LayerNormMLP_0"]["fc1_x_scale"])
             grads, new_metas = step(params, metas, x)
-            variables = te_jax.update_collections({"fp8_metas": new_metas}, {"params": params, "fp8_metas": metas})
+            variables = te_jax.update_collections(
+                {"fp8_metas": new_metas}, {"params": params, "fp8_metas": metas}
+            )
             metas = variables["fp8_metas"]
             # fc1's input is the norm's output: its amax is the history's newest entry
-            ln = te_jax.layernorm(
-                x, params["LayerNormMLP_0"]["scale"], params["LayerNormMLP_0"]["ln_bias"]
-            )
+            ln = te_jax.layernorm(x, params["LayerNormMLP_0"]["scale"], params["LayerNormMLP_0"]["ln_bias"])
             hist = np.asarray(metas["LayerNormMLP_0"]["fc1_x_amax_history"])
             assert hist[0] == 0 and hist[-1] == np.float32(jnp.max(jnp.abs(ln)))
             assert float(metas["LayerNormMLP_0"]["fc1_x_scale"][0]) == np.float32(448.0) / hist[-1]

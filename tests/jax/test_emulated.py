@@ -51,7 +51,10 @@ def test_mxfp8_scales_round_up_and_nan():
 
 
 # the Hadamard transform runs over 16 rows of the column-wise copy and never on 2D weights
-NVFP4_CASES = [(s, sq, False) for s in SHAPES for sq in (False, True)] + [((64, 96), False, True), ((16, 16), False, True)]
+NVFP4_CASES = [(s, sq, False) for s in SHAPES for sq in (False, True)] + [
+    ((64, 96), False, True),
+    ((16, 16), False, True),
+]
 
 
 @pytest.mark.parametrize("shape,square,rht", NVFP4_CASES)
@@ -95,10 +98,14 @@ def test_stochastic_rounding():
     q = Quantizer("nvfp4", None, "1d", stochastic_rounding=True)
     outs = [np.asarray(_emulate(x, q, columnwise=False, rng=jax.random.PRNGKey(s)).rowwise) for s in range(4)]
     values = np.concatenate([np.delete(o, np.s_[::16], axis=1).ravel() for o in outs])
-    decoded = {(np.float32(v) * np.float32(448.0)) * (np.float32(1.0) / np.float32(448.0)) for v in (1.0, 1.5)}
+    decoded = {
+        (np.float32(v) * np.float32(448.0)) * (np.float32(1.0) / np.float32(448.0)) for v in (1.0, 1.5)
+    }
     assert set(np.unique(values)) == decoded  # 1.25's two neighbours
     assert abs(values.mean() - 1.25) < 0.02  # unbiased: 1.25 is half way
     assert not np.array_equal(outs[0], outs[1])  # another key, other draws
-    np.testing.assert_array_equal(outs[0], np.asarray(_emulate(x, q, columnwise=False, rng=jax.random.PRNGKey(0)).rowwise))
+    np.testing.assert_array_equal(
+        outs[0], np.asarray(_emulate(x, q, columnwise=False, rng=jax.random.PRNGKey(0)).rowwise)
+    )
     with pytest.raises(ValueError, match="rng: NVFP4BlockScaling rounds gradients stochastically"):
         _emulate(x, q, columnwise=False)

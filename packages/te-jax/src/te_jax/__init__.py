@@ -36,6 +36,7 @@ def __getattr__(name: str):
         return importlib.import_module("te_jax.flax")
     raise AttributeError(f"module 'te_jax' has no attribute {name!r}")
 
+
 __all__ = [
     "__version__",
     "recipe",

@@ -96,31 +96,27 @@ def _mxfp8(x, dtype, square: bool):
     return _unblock(q.astype(_F32) * sinv, x.shape)
 
 
-_E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+def _e2m1_spacing(a):
+    """The E2M1 grid spacing at |v| = a (0 <= a <= 6): 0.5 below 2, 1 below 4, else 2."""
+    return jnp.where(a < 2.0, _F32(0.5), jnp.where(a < 4.0, _F32(1.0), _F32(2.0)))
 
 
 def _e2m1_rne(v):
-    """|v| <= 6 to the nearest E2M1 value, ties to the even mantissa (0, 1, 2, 4 are even)."""
+    """|v| <= 6 to the nearest E2M1 value, ties to the even mantissa: within each binade the
+    grid is a multiple of its spacing, and an even multiple has an even mantissa, so rounding
+    v / spacing half-to-even (jnp.round) is E2M1's RNE."""
     a = jnp.abs(v)
-    lo_idx = jnp.clip(jnp.searchsorted(jnp.asarray(_E2M1_GRID), a, side="right") - 1, 0, 7)
-    hi_idx = jnp.minimum(lo_idx + 1, 7)
-    grid = jnp.asarray(_E2M1_GRID)
-    lo, hi = grid[lo_idx], grid[hi_idx]
-    mid = (lo + hi) * 0.5
-    lo_even = (lo_idx % 2) == 0  # grid index parity is the mantissa bit's parity
-    up = (a > mid) | ((a == mid) & ~lo_even)
-    return jnp.sign(v) * jnp.where(up, hi, lo)
+    step = _e2m1_spacing(a)
+    return jnp.sign(v) * jnp.minimum(jnp.round(a / step) * step, _F32(E2M1_MAX))
 
 
 def _e2m1_stochastic(v, u):
-    """|v| <= 6 to one of its two E2M1 neighbours, up with probability (|v| - lo) / (hi - lo)."""
+    """|v| <= 6 to one of its two E2M1 neighbours, up with probability (|v| - lo) / spacing."""
     a = jnp.abs(v)
-    grid = jnp.asarray(_E2M1_GRID)
-    lo_idx = jnp.clip(jnp.searchsorted(grid, a, side="right") - 1, 0, 7)
-    hi_idx = jnp.minimum(lo_idx + 1, 7)
-    lo, hi = grid[lo_idx], grid[hi_idx]
-    p = jnp.where(hi > lo, (a - lo) / jnp.where(hi > lo, hi - lo, 1.0), 0.0)
-    return jnp.sign(v) * jnp.where(u < p, hi, lo)
+    step = _e2m1_spacing(a)
+    lo = jnp.floor(a / step) * step
+    up = u < (a - lo) / step
+    return jnp.sign(v) * jnp.minimum(jnp.where(up, lo + step, lo), _F32(E2M1_MAX))
 
 
 def _rht(x):
