@@ -88,7 +88,7 @@ def test_state_sequence(algo, margin, fmt):
         margin,
         algo,
     )
-    for k, (x, w, dy, y, new_state, old_state) in enumerate(steps):
+    for k, (x, w, _dy, y, new_state, old_state) in enumerate(steps):
         for key, value in want[k].items():
             np.testing.assert_array_equal(np.asarray(new_state[key]), value, err_msg=f"step {k}: {key}")
         # step k quantizes with the scales the previous step left
