@@ -183,10 +183,10 @@ def test_flax_modules_with_mesh_resource():
             xs = jax.device_put(x, NamedSharding(mesh, P("data")))
             fn = jax.jit(train_step)
             assert _gathers(fn, placed, xs) == 0
-            l, g = fn(placed, xs)
+            loss, g = fn(placed, xs)
     assert placed["params"]["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
     assert g[0]["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
-    assert rel(l, l0) <= TOL
+    assert rel(loss, l0) <= TOL
     for a, c in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g0), strict=True):
         assert rel(a, c) <= TOL or float(jnp.abs(c).max()) == 0
 
