@@ -72,8 +72,14 @@ def run_steps(r, factors_x, factors_dy, length):
     return out
 
 
-@pytest.mark.parametrize("algo,margin", [("max", 0.0), ("most_recent", 0.0), ("max", 1.0)])
-@pytest.mark.parametrize("fmt", [recipe.Format.HYBRID, recipe.Format.E4M3])
+@pytest.mark.parametrize(
+    "algo,margin,fmt",
+    [
+        ("max", 0.0, recipe.Format.HYBRID),
+        ("most_recent", 0.0, recipe.Format.HYBRID),
+        ("max", 1.0, recipe.Format.E4M3),
+    ],
+)
 def test_state_sequence(algo, margin, fmt):
     length = 3
     r = recipe.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin, fp8_format=fmt)

@@ -28,11 +28,13 @@ def _shapes(tree):
     return jax.tree_util.tree_map(lambda a: tuple(a.shape), nn.unbox(tree))
 
 
+def _abstract_init(model, x):
+    return jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
+
+
 def test_parameters_as_te_names_them():
     x = _x()
-    v = LayerNormMLP(intermediate_dim=96, activations=("silu", "linear"), use_bias=True).init(
-        jax.random.PRNGKey(0), x
-    )
+    v = _abstract_init(LayerNormMLP(intermediate_dim=96, activations=("silu", "linear"), use_bias=True), x)
     assert _shapes(v["params"]) == {
         "scale": (64,),
         "ln_bias": (64,),
@@ -45,9 +47,9 @@ def test_parameters_as_te_names_them():
         "embed", "act", "mlp"
     )
     assert nn.get_partition_spec(v)["params"]["wo_kernel"] == jax.sharding.PartitionSpec("mlp", "embed")
-    v = LayerNormDenseGeneral(48, layernorm_type="rmsnorm", use_bias=True).init(jax.random.PRNGKey(0), x)
+    v = _abstract_init(LayerNormDenseGeneral(48, layernorm_type="rmsnorm", use_bias=True), x)
     assert _shapes(v["params"]) == {"scale": (64,), "kernel": (64, 48), "bias": (48,)}
-    v = DenseGeneral((4, 8), kernel_axes=("embed", "heads", "kv")).init(jax.random.PRNGKey(0), x)
+    v = _abstract_init(DenseGeneral((4, 8), kernel_axes=("embed", "heads", "kv")), x)
     assert _shapes(v["params"]) == {"kernel": (64, 4, 8), "bias": (4, 8)}
     v = LayerNorm(zero_centered_gamma=True).init(jax.random.PRNGKey(0), x)
     assert _shapes(v["params"]) == {"scale": (64,), "ln_bias": (64,)}
@@ -116,7 +118,7 @@ def test_layernorm_dense_general(ret):
     assert rel(no_ln.apply({"params": p2}, x)[0], jnp.matmul(x, p2["kernel"], precision=HI)) <= TIGHT
 
 
-@pytest.mark.parametrize("acts", [("gelu",), ("gelu", "linear"), ("silu", "linear")])
+@pytest.mark.parametrize("acts", [("gelu",), ("silu", "linear")])
 def test_layernorm_mlp_against_reference(acts):
     x = _x()
     model = LayerNormMLP(intermediate_dim=96, activations=acts, use_bias=True)
@@ -136,7 +138,7 @@ def test_layernorm_mlp_against_reference(acts):
 
 
 # the module wires the same op under every recipe; test_fused_ops covers each recipe's numerics
-@pytest.mark.parametrize("name", ["delayed", "current", "block"])
+@pytest.mark.parametrize("name", ["delayed", "block"])
 def test_layernorm_mlp_recipes(name):
     r = RECIPES[name]
     x = _x(seed=6)
@@ -174,7 +176,7 @@ def test_layernorm_mlp_recipes(name):
         assert rel(a, b) <= loose
 
 
-@pytest.mark.parametrize("name", ["current", "delayed", "block"])
+@pytest.mark.parametrize("name", ["current", "delayed"])
 def test_dense_modules_recipes(name):
     r = RECIPES[name]
     x = _x(seed=7)

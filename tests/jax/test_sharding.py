@@ -156,39 +156,57 @@ class _Model(nn.Module):
 
 
 def test_flax_modules_with_mesh_resource():
-    r = RECIPES["delayed"]
+    # logical axes -> splits: "batch" over dp, "mlp" over tp (te_jax's rules from MeshResource)
+    r = RECIPES["current"]
     x = jax.random.normal(jax.random.PRNGKey(3), (4, 32, 128))
     model = _Model()
     mr = MeshResource(dp_resource="data", tp_resource="model")
 
-    def train_step(variables, x):
-        params = variables["params"]
-        metas = variables.get("fp8_metas")
+    def train_step(params, x):
+        return jax.value_and_grad(lambda p: jnp.mean(model.apply({"params": p}, x) ** 2))(params)
 
-        def loss(params, metas):
-            v = {"params": params} if metas is None else {"params": params, "fp8_metas": metas}
-            return jnp.mean(model.apply(v, x) ** 2)
-
-        return jax.value_and_grad(loss, argnums=(0, 1))(params, metas)
-
-    with te_jax.autocast(enabled=r is not None, recipe=r):
-        variables = nn.unbox(model.init(jax.random.PRNGKey(0), x))
-        l0, g0 = jax.jit(train_step)(variables, x)
+    with te_jax.autocast(enabled=True, recipe=r):
+        boxed = model.init(jax.random.PRNGKey(0), x)
+        params = nn.unbox(boxed)["params"]
+        l0, g0 = jax.jit(train_step)(params, x)
     mesh = _mesh(AxisType.Auto)
-    with jax.set_mesh(mesh), te_jax.autocast(enabled=r is not None, recipe=r, mesh_resource=mr):
-        specs = nn.get_partition_spec(model.init(jax.random.PRNGKey(0), x))
-        with nn.logical_axis_rules([("mlp", "model")]):
-            shardings = nn.logical_to_mesh_sharding(specs, mesh, [("mlp", "model")])
-            placed = jax.device_put(variables, shardings)
-            xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-            fn = jax.jit(train_step)
-            assert _gathers(fn, placed, xs) == 0
-            loss, g = fn(placed, xs)
-    assert placed["params"]["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
-    assert g[0]["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
+    with jax.set_mesh(mesh), te_jax.autocast(enabled=True, recipe=r, mesh_resource=mr):
+        rules = [("mlp", "model")]
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)["params"]
+        placed = jax.device_put(params, shardings)
+        xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+        fn = jax.jit(train_step)
+        assert _gathers(fn, placed, xs) == 0
+        loss, g = fn(placed, xs)
+    assert placed["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
+    assert g["LayerNormMLP_0"]["wi_kernel"].sharding.spec == P(None, None, "model")
     assert rel(loss, l0) <= TOL
     for a, c in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g0), strict=True):
         assert rel(a, c) <= TOL or float(jnp.abs(c).max()) == 0
+
+
+def test_fsdp_weights_are_gathered_for_the_gemm():
+    # kernel stored split over "data" (its "embed" rows), activations split over "data" too
+    x = jax.random.normal(jax.random.PRNGKey(4), (4, 16, 64))
+    model = te_jax.flax.DenseGeneral(32, kernel_axes=("embed", "mlp"))
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), x))
+
+    def loss(p, x):
+        return jnp.sum(jnp.cos(model.apply(p, x)))
+
+    g0 = jax.grad(loss, argnums=(0, 1))(params, x)
+    mesh = _mesh(AxisType.Auto)
+    rules = [("embed", "data"), ("mlp", "model")]
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        with te_jax.autocast(mesh_resource=MeshResource(fsdp_resource="data", tp_resource="model")):
+            specs = nn.get_partition_spec(model.init(jax.random.PRNGKey(0), x))
+            placed = jax.device_put(params, nn.logical_to_mesh_sharding(specs, mesh, rules))
+            g = jax.jit(jax.grad(loss, argnums=(0, 1)))(
+                placed, jax.device_put(x, NamedSharding(mesh, P("data")))
+            )
+    assert placed["params"]["kernel"].sharding.spec == P("data", "model")
+    for a, c in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g0), strict=True):
+        assert rel(a, c) <= TOL
 
 
 def test_errors():

@@ -108,6 +108,17 @@ def merge(entries: Sequence, name: str):
     return entries[split[0]]
 
 
+def gathered(entries: Sequence, x_entries: Sequence) -> tuple:
+    """A kernel's spec entries without the axes that split the activations' rows: a weight
+    stored split over the batch axes (FSDP) is gathered for the GEMM, as FSDP means."""
+    rows = {a for e in x_entries[:-1] for a in _sharding.entry_axes(e)}
+    out = []
+    for e in entries:
+        kept = tuple(a for a in _sharding.entry_axes(e) if a not in rows)
+        out.append(_sharding.spec_entry(kept))
+    return tuple(out)
+
+
 def entries_of(spec: P | None, ndim: int) -> tuple:
     if spec is None:
         return (None,) * ndim

@@ -101,8 +101,9 @@ class DenseGeneral(nn.Module):
         x_entries = _common.entries_of(
             _input_spec(self.input_axes, x.ndim, self.transpose_batch_sequence, "input_axes"), x.ndim
         )
-        k_entries = _common.entries_of(
-            _common.to_spec(self.kernel_axes, kernel.ndim, "kernel_axes"), kernel.ndim
+        k_entries = _common.gathered(
+            _common.entries_of(_common.to_spec(self.kernel_axes, kernel.ndim, "kernel_axes"), kernel.ndim),
+            x_entries,
         )
         in_entry = _common.merge(x_entries[len(lead) :], "input_axes")
         k_in = _common.merge(k_entries[: len(in_shape)], "kernel_axes")
@@ -244,8 +245,9 @@ class LayerNormDenseGeneral(nn.Module):
         x_spec = _input_spec(
             self.layernorm_input_axes, x.ndim, self.transpose_batch_sequence, "layernorm_input_axes"
         )
-        k_entries = _common.entries_of(
-            _common.to_spec(self.kernel_axes, kernel.ndim, "kernel_axes"), kernel.ndim
+        k_entries = _common.gathered(
+            _common.entries_of(_common.to_spec(self.kernel_axes, kernel.ndim, "kernel_axes"), kernel.ndim),
+            _common.entries_of(x_spec, x.ndim),
         )
         k_spec = None
         if any(e is not None for e in k_entries):

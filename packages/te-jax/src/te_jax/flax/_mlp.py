@@ -9,7 +9,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from te_jax import _layernorm_mlp
+from te_jax import _layernorm_mlp, _sharding
 from te_jax.flax import _common
 from te_jax.flax._layers import _input_spec, _norm_params, _not_supported
 
@@ -117,7 +117,12 @@ class LayerNormMLP(nn.Module):
         state = _common.recipe_state(self, _layernorm_mlp.roles_of(plan), plan)
         if not plan.quantized:
             k1, k2 = k1.astype(x.dtype), k2.astype(x.dtype)
-        k1_spec = _common.to_spec(self.kernel_axes_1, 3, "kernel_axes_1")
+        x_spec = _input_spec(
+            self.layernorm_input_axes, x.ndim, self.transpose_batch_sequence, "layernorm_input_axes"
+        )
+        k1_entries = _common.entries_of(_common.to_spec(self.kernel_axes_1, 3, "kernel_axes_1"), 3)
+        k1_entries = _common.gathered(k1_entries, _common.entries_of(x_spec, x.ndim))
+        k1_spec = _sharding.P(*k1_entries) if any(e is not None for e in k1_entries) else None
         return _layernorm_mlp.layernorm_mlp(
             x,
             scale,
@@ -133,9 +138,7 @@ class LayerNormMLP(nn.Module):
             return_layernorm_output=self.return_layernorm_output,
             recipe=recipe,
             recipe_state=state,
-            input_spec=_input_spec(
-                self.layernorm_input_axes, x.ndim, self.transpose_batch_sequence, "layernorm_input_axes"
-            ),
+            input_spec=x_spec,
             kernel_1_spec=k1_spec,
             rng=_common.sr_rng(self, plan),
         )
