@@ -73,8 +73,8 @@ def _step(model, recipe, x, dy, params):
             y, vjp = jax.vjp(f, params, metas, x)
             return y, vjp(dy)
 
-        step = jax.jit(fwd_bwd)
-        step.lower(params, metas, x).compile()  # traced inside the region: its recipe sticks
+        # traced and compiled inside the region: the compiled step keeps its recipe
+        step = jax.jit(fwd_bwd).lower(params, metas, x).compile()
     return step, (params, metas, x)
 
 
