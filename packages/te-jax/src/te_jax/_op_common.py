@@ -87,11 +87,9 @@ def check_state(plan: Plan, state, roles: dict, name: str = "recipe_state"):
 
 
 def check_rng(plan: Plan, rng):
-    """NVFP4's stochastic rounding key, or None where no role rounds stochastically."""
-    needs = plan.grad is not None and plan.grad.stochastic_rounding
-    if rng is None:
-        return None
-    if not needs:
+    """NVFP4's stochastic-rounding key; None where no role rounds stochastically (a key given
+    anyway is unused). A missing key is reported where the gradient is quantized."""
+    if rng is None or plan.grad is None or not plan.grad.stochastic_rounding:
         return None
     if not isinstance(rng, jax.Array):
         raise TypeError(f"rng: expected a jax.random key, got {type(rng).__name__}")
