@@ -116,3 +116,12 @@ def demo(session: nox.Session) -> None:
     session.install("numpy", TORCH, "jax")
     session.install("--no-deps", "--force-reinstall", *map(str, wheels))
     session.run("python", str(ROOT / "examples" / "quantize_demo.py"))
+
+
+@nox.session
+def jax_example(session: nox.Session) -> None:
+    """Trains a small MLP stack with te_jax.flax under each recipe (examples/flax_mlp.py)."""
+    wheels = _build_wheels(session)
+    session.install("numpy", "jax", "flax", "optax")
+    session.install("--no-deps", "--force-reinstall", *(str(w) for w in wheels if "te_torch" not in w.name))
+    session.run("python", str(ROOT / "examples" / "flax_mlp.py"), *session.posargs)

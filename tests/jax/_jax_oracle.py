@@ -112,3 +112,91 @@ def random_source(rng, shape, dtype) -> np.ndarray:
         idx = rng.integers(0, flat.size, max(1, flat.size // 10))
         flat[idx] = (rng.integers(-64, 64, idx.size) * 0.5 + 0.25).astype(np.float32)
     return x.astype(dtype)
+
+
+# ---- MXFP8 and NVFP4 (NUMERICS.md), for te_jax's emulation of them ----
+
+
+def _blocks(x2, rows, cols):
+    """x2 [M, K] zero-padded to whole blocks, as [M/rows, rows, K/cols, cols] (a copy)."""
+    m, k = x2.shape
+    out = np.zeros((-(-m // rows) * rows, -(-k // cols) * cols), np.float32)
+    out[:m, :k] = x2
+    return out.reshape(out.shape[0] // rows, rows, out.shape[1] // cols, cols)
+
+
+def _unblocks(b, shape):
+    m, k = shape
+    return b.reshape(b.shape[0] * b.shape[1], b.shape[2] * b.shape[3])[:m, :k]
+
+
+def e8m0_scale_inv(amaxes, fp8) -> np.ndarray:
+    """2^(e - 127) per amax, e the E8M0 of amax / fp8_max rounded up (mantissa bits set -> e + 1,
+    capped at 0xFE; amax 0 -> 0x00); NaN amax -> NaN."""
+    a = np.asarray(amaxes, np.float32)
+    q = (a / np.float32(fp8_max(fp8))).astype(np.float32)
+    bits = q.view(np.uint32).astype(np.int64)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0)
+    e = np.minimum(e, 0xFE)
+    out = np.ldexp(np.float64(1.0), e - 127).astype(np.float32)
+    return np.where(np.isnan(a), np.float32(np.nan), out)
+
+
+def mxfp8(x32, fp8, square=False, block=32) -> np.ndarray:
+    """MXFP8 quantize-dequantize of the [M, K] view along rows (1x32) or in 32x32 tiles."""
+    x2 = as_matrix(np.asarray(x32, np.float32))
+    b = _blocks(x2, block if square else 1, block)
+    sinv = e8m0_scale_inv(np.abs(b).max(axis=(1, 3), keepdims=True), fp8)
+    m = np.float32(fp8_max(fp8))
+    q = np.clip(b / sinv, -m, m).astype(fp8)
+    return _unblocks(q.astype(np.float32) * sinv, x2.shape)
+
+
+E2M1 = ml_dtypes.float4_e2m1fn
+RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float32)
+
+
+def rht(x2) -> np.ndarray:
+    """Each run of 16 along the last dim, as a row vector v, to v @ ((1/4) diag(s) H16): signs,
+    then H16 (Sylvester) by the Walsh-Hadamard butterfly in fp32 (stage h: a + b, a - b for
+    the pairs h apart), then * 1/4 (exact)."""
+    m, k = x2.shape
+    v = (x2.reshape(m, k // 16, 16) * RHT_SIGNS).astype(np.float32)
+    h = 1
+    while h < 16:
+        out = v.copy()
+        for start in range(0, 16, 2 * h):
+            a, b = v[..., start : start + h], v[..., start + h : start + 2 * h]
+            out[..., start : start + h] = a + b
+            out[..., start + h : start + 2 * h] = a - b
+        v = out
+        h *= 2
+    return (v * np.float32(0.25)).reshape(m, k)
+
+
+def hadamard16() -> np.ndarray:
+    """The Sylvester Hadamard matrix of order 16."""
+    h = np.ones((1, 1), np.float32)
+    for _ in range(4):
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def nvfp4(x32, square=False, block=16) -> np.ndarray:
+    """NVFP4 quantize-dequantize of the [M, K] view along rows (1x16) or in 16x16 tiles:
+    S_enc = 2688 / global amax (amax 0 -> 1, inf -> FLT_MAX); s_block = e4m3(block amax / 6 *
+    S_enc); q = e2m1(x * S_enc / s_block) (RNE, saturating; 0 where s_block is 0);
+    x ~ q * s_block * (1 / S_enc)."""
+    x2 = as_matrix(np.asarray(x32, np.float32))
+    g = amax(x2)
+    with np.errstate(over="ignore", divide="ignore"):
+        s_enc = np.float32(np.float32(448.0 * 6.0) / g) if g > 0 else np.float32(1.0)
+    if np.isinf(s_enc):
+        s_enc = np.float32(FLT_MAX)
+    b = _blocks(x2, block if square else 1, block)
+    sb = (np.abs(b).max(axis=(1, 3), keepdims=True) / np.float32(6.0)).astype(np.float32) * s_enc
+    sb = np.clip(sb, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.clip((b * s_enc) / sb, -6.0, 6.0).astype(np.float32)
+    q = np.where(sb > 0, np.nan_to_num(v).astype(E2M1).astype(np.float32), np.float32(0.0))
+    return _unblocks((q * sb) * (np.float32(1.0) / s_enc), x2.shape)

@@ -147,11 +147,17 @@ def test_errors():
         te_jax.dense(x, w.astype(jnp.bfloat16))
     with pytest.raises(TypeError, match="x.dtype: expected one of"):
         te_jax.dense(x.astype(jnp.int32), w)
-    with pytest.raises(NotImplementedError, match="DelayedScaling is not supported by te_jax.dense yet"):
+    with pytest.raises(
+        ValueError, match="recipe_state: DelayedScaling needs its state: a dict with grad_amax_history"
+    ):
         te_jax.dense(x, w, recipe=recipe.DelayedScaling())
-    with pytest.raises(ValueError, match="recipe_state: expected None with Float8CurrentScaling"):
+    with pytest.raises(ValueError, match=r"recipe_state: missing 'x_scale'"):
+        te_jax.dense(x, w, recipe=recipe.DelayedScaling(), recipe_state={"scale": 1.0})
+    with pytest.raises(
+        ValueError, match=r"recipe_state: expected None \(only DelayedScaling keeps scaling state\)"
+    ):
         te_jax.dense(x, w, recipe=recipe.Float8CurrentScaling(), recipe_state={"scale": 1.0})
     with pytest.raises(TypeError, match="recipe: expected None or a te_jax.recipe recipe"):
         te_jax.dense(x, w, recipe="fp8")
-    with pytest.raises(NotImplementedError, match="MXFP8BlockScaling is not supported"):
-        te_jax.dense(x, w, recipe=recipe.MXFP8BlockScaling())
+    with pytest.raises(NotImplementedError, match="recipe: CustomRecipe is not supported by te_jax"):
+        te_jax.dense(x, w, recipe=recipe.CustomRecipe(qfactory=lambda role: None))

@@ -479,11 +479,13 @@ def test_ffi_errors_carry_te_last_error():
 
 
 def test_importing_te_jax_does_not_import_torch():
+    # nor flax: te_jax.flax (which needs it) is imported on first use
     code = (
         "import sys, jax.numpy as jnp, te_jax\n"
         "te_jax.quantize(jnp.ones((4, 4))).dequantize().block_until_ready()\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'flax'))\n"
         "assert not bad, bad\n"
+        "assert te_jax.flax.LayerNormMLP is not None and 'flax' in sys.modules\n"
         "print('ok', sorted(te_jax.__all__))\n"
     )
     r = subprocess.run(
@@ -491,7 +493,9 @@ def test_importing_te_jax_does_not_import_torch():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == (
-        "ok ['ScaledTensor', '__version__', 'activation', 'dense', 'gemm', 'layernorm', 'quantize', 'recipe']"
+        "ok ['MeshResource', 'ScaledTensor', '__version__', 'activation', 'autocast', 'dense', 'fp8_autocast', "
+        "'gemm', 'get_autocast_state', 'init_recipe_state', 'layernorm', 'layernorm_dense', 'layernorm_mlp', "
+        "'quantize', 'recipe', 'update_collections']"
     )
 
 
@@ -507,4 +511,12 @@ def test_public_surface():
         "dense",
         "layernorm",
         "activation",
+        "layernorm_dense",
+        "layernorm_mlp",
+        "autocast",
+        "fp8_autocast",
+        "get_autocast_state",
+        "MeshResource",
+        "init_recipe_state",
+        "update_collections",
     }

@@ -14,9 +14,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 from te_core import _ops
 
-from te_jax import _dtypes, _ffi, _fused
+from te_jax import _dtypes, _ffi, _fused, _sharding
 
 # TE Flax's names -> te_activation (te_core._ops.ACTIVATIONS).
 _KINDS = {
@@ -46,7 +47,7 @@ def activation_kind(activation_type) -> int:
     return _ops.ACTIVATIONS[name]
 
 
-def activation(x, activation_type=("gelu",)):
+def activation(x, activation_type=("gelu",), *, input_spec: P | None = None):
     """TE Flax's activation on the last dim of ``x``, through te-core.
 
     Plain kinds (("gelu",) tanh-approximate GELU, ("relu",), ("silu",), ("quick_gelu",) =
@@ -55,6 +56,9 @@ def activation(x, activation_type=("gelu",)):
     "linear"), ("sigmoid", "linear") GLU) take x [..., 2N] and return
     ``act(x[..., :N]) * x[..., N:]`` [..., N]. Math is fp32; the result has x's dtype
     (float32, bfloat16, float16). Differentiable (te's backward kernel) and jit-able.
+    ``input_spec``: x's PartitionSpec over the mesh set with jax.set_mesh (default: the first dim
+    over te_jax.autocast's MeshResource batch axes); each device runs its own piece (a gated
+    kind's last dim may not be split: its two halves must stay together).
     """
     kind = activation_kind(activation_type)
     if not isinstance(x, jax.Array):
@@ -66,50 +70,61 @@ def activation(x, activation_type=("gelu",)):
     if x.ndim < 1:
         raise ValueError(f"x: expected shape [..., K] with at least one dim, got {tuple(x.shape)}")
     _ops.activation_out_shape(tuple(x.shape), kind)  # raises for an odd gated width
-    return _activation(kind, x)
+    if input_spec is None:
+        input_spec = _sharding.default_input_spec(x.ndim)
+    lay = _sharding.layout([(x.shape, input_spec, "input_spec")])
+    xs = lay.specs[0]
+    if kind >= 100 and xs[-1] is not None:
+        raise ValueError(
+            f"input_spec: a gated activation's last dim may not be split (its input and gate halves "
+            f"must stay together), got {P(*xs)}"
+        )
+    return _activation(kind, lay, P(*xs), x)
 
 
-def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None):
-    """act(x): high precision (x's dtype) or a ScaledTensor per ``fp8``."""
+def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None, scale=None):
+    """act(x): high precision (x's dtype) or a ScaledTensor per ``fp8`` (``scale``: the delayed
+    scale when ``fp8.delayed``)."""
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
-    parts = _act_fwd(x, kind=kind, fp8=fp8)
+    parts = _act_fwd(x, scale, kind=kind, fp8=fp8)
     return _fused.assemble(parts, out_shape, x.dtype, fp8)
 
 
-def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False):
+def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False, scale=None):
     """(dx, dbias or None): dx high precision (x's dtype) or a ScaledTensor per ``fp8``."""
-    parts = _act_bwd(grad, x, kind=kind, fp8=fp8, dbias=dbias)
+    parts = _act_bwd(grad, x, scale, kind=kind, fp8=fp8, dbias=dbias)
     dx = _fused.assemble(parts[:6], x.shape, x.dtype, fp8)
     return dx, (parts[6] if dbias else None)
 
 
-def dbias_quantize(x, fp8: _fused.Fp8Out):
+def dbias_quantize(x, fp8: _fused.Fp8Out, scale=None):
     """(x quantized per ``fp8``, the column sums of x [K] in x's dtype), one te kernel."""
-    parts = _dbias_quantize(x, fp8=fp8)
+    parts = _dbias_quantize(x, scale, fp8=fp8)
     return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6]
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "fp8"))
-def _act_fwd(x, *, kind, fp8):
+def _act_fwd(x, scale, *, kind, fp8):
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
-    scale, amax = _fused.absent_stats()
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
     return _ffi.call(
         _ffi.ACT_FWD,
         _fused.output_specs(out_shape, x.dtype, fp8),
         x,
         scale,
         amax,
+        aliases=aliases,
         activation=np.int32(kind),
         **_fused.attrs(fp8),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "fp8", "dbias"))
-def _act_bwd(grad, x, *, kind, fp8, dbias):
+def _act_bwd(grad, x, scale, *, kind, fp8, dbias):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), dbias),
     )
-    scale, amax = _fused.absent_stats()
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=2)
     return _ffi.call(
         _ffi.ACT_BWD,
         specs,
@@ -117,6 +132,7 @@ def _act_bwd(grad, x, *, kind, fp8, dbias):
         x,
         scale,
         amax,
+        aliases=aliases,
         activation=np.int32(kind),
         has_dbias=np.bool_(dbias),
         **_fused.attrs(fp8),
@@ -124,26 +140,36 @@ def _act_bwd(grad, x, *, kind, fp8, dbias):
 
 
 @functools.partial(jax.jit, static_argnames=("fp8",))
-def _dbias_quantize(x, *, fp8):
+def _dbias_quantize(x, scale, *, fp8):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), True),
     )
-    scale, amax = _fused.absent_stats()
-    return _ffi.call(_ffi.DBIAS_QUANTIZE, specs, x, scale, amax, **_fused.attrs(fp8, with_quantized=False))
+    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
+    return _ffi.call(
+        _ffi.DBIAS_QUANTIZE,
+        specs,
+        x,
+        scale,
+        amax,
+        aliases=aliases,
+        **_fused.attrs(fp8, with_quantized=False),
+    )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _activation(kind, x):
-    return act_fwd(x, kind)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _activation(kind, lay, spec, x):
+    return lay.run(lambda x: act_fwd(x, kind), (x,), in_specs=(spec,), out_specs=spec)
 
 
-def _activation_fwd(kind, x):
-    return act_fwd(x, kind), x
+def _activation_fwd(kind, lay, spec, x):
+    return _activation(kind, lay, spec, x), x
 
 
-def _activation_bwd(kind, x, dy):
-    dx, _ = act_bwd(dy.astype(x.dtype), x, kind)
-    return (dx,)
+def _activation_bwd(kind, lay, spec, x, dy):
+    def local(x, dy):
+        return act_bwd(dy.astype(x.dtype), x, kind)[0]
+
+    return (lay.run(local, (x, dy), in_specs=(spec, spec), out_specs=spec),)
 
 
 _activation.defvjp(_activation_fwd, _activation_bwd)

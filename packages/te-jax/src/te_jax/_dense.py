@@ -1,20 +1,22 @@
-"""dense: x @ kernel (+ bias) as a jax.custom_vjp over te_jax.gemm, in high precision or FP8.
+"""dense: x @ kernel (+ bias) as a jax.custom_vjp over te's GEMMs, in high precision or under a
+recipe, on one device or split over a mesh.
 
-Layout. TE Flax's DenseGeneral kernel is [in, out] = [K, N] and y = x @ kernel. te_gemm is
-row-major with op(B) [K, N] (te_jax/_gemm.py), so the kernel is B stored [K, N]:
+Layout. TE Flax's DenseGeneral kernel is [in, out] = [K, N] and y = x @ kernel:
     fprop  y  [M, N] = gemm(x, kernel, trans_b=False)              reads kernel's column-wise copy
     dgrad  dx [M, K] = gemm(dy, kernel, trans_b=True)              reads kernel's row-wise copy
     wgrad  dk [K, N] = gemm(x, dy, trans_a=True, trans_b=False)    reads x's and dy's column-wise
-te's FP8 GEMM reads both operands with the reduction dim contiguous, so the forward quantizes x
-(row-wise for fprop, column-wise for wgrad) and the kernel (both copies) once, and keeps for the
-backward only the copies it reads there: x's column-wise copy and the kernel's row-wise one. The
-backward quantizes dy once (both copies; fused with the bias gradient's column sums when there is
-a bias, te_dbias_quantize) and never re-quantizes x.
+The forward quantizes x and the kernel once (both copies) and keeps for the backward only the
+copies it reads there: x's column-wise copy and the kernel's row-wise one. The backward
+quantizes dy once (both copies; fused with the bias gradient's column sums where te may).
 
 Formats (NUMERICS.md): x and kernel in the recipe's forward format (E4M3), dy in its backward
-format (E5M2 under Format.HYBRID); split accumulation per the recipe's fp8_gemm_fprop / _dgrad /
-_wgrad (off / on / on for Float8CurrentScaling). Float8BlockScaling uses its x / w / grad block
-dims (1: 1x128, 2: 128x128). DelayedScaling needs per-role state and comes with the next slice.
+format (E5M2 under Format.HYBRID); split accumulation off for fprop, on for dgrad and wgrad
+(per the recipe's fp8_gemm_* where it has them). DelayedScaling's state (te_jax._delayed) comes
+in as ``recipe_state`` and the next state comes back as its gradient.
+
+Sharding (te_jax._sharding): ``input_spec`` splits x's leading dims (data parallel) and possibly
+K; ``kernel_spec`` splits K (row-parallel: K split alike in x, y psum-reduced) or N (column-
+parallel: y split on N, dx psum-reduced). The kernel gradient is psum-reduced over x's rows.
 """
 
 from __future__ import annotations
@@ -25,220 +27,204 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from te_core import recipe as _recipe
+from jax.sharding import PartitionSpec as P
 
-from te_jax import _dtypes
-from te_jax._activation import dbias_quantize
-from te_jax._fused import Fp8Out
-from te_jax._gemm import gemm
-from te_jax._quantize import quantize
+from te_jax import _delayed, _op_common, _sharding
+from te_jax._linear import LinearAxes, Roles, linear_bwd, linear_fwd, quantize_grad
+from te_jax._quantizer import Plan, plan_for, quantize_operand
+from te_jax._sharding import Layout, entry_axes
 
-_BLOCK_MODE = {1: "block_1d", 2: "block_2d"}
+_ROLES = Roles()
+
+
+def roles_of(plan: Plan, roles: Roles = _ROLES) -> dict:
+    """{state name: quantizer} of a linear layer's roles (empty in high precision)."""
+    if not plan.quantized:
+        return {}
+    return {roles.x: plan.x, roles.kernel: plan.w, roles.grad: plan.grad}
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
-    """Static: how each operand is quantized (None: high precision) and the GEMMs' options."""
+class _Static:
+    plan: Plan
+    layout: Layout
+    axes: LinearAxes
+    x_spec: P | None
+    k_spec: P | None
+    b_spec: P | None
+    y_spec: P | None
+    k_local: int
+    n_local: int
+    x_dtype: np.dtype
+    k_dtype: np.dtype
+    b_dtype: np.dtype | None
 
-    x: Fp8Out | None = None
-    w: Fp8Out | None = None
-    grad: Fp8Out | None = None
-    split_fprop: bool | None = None
-    split_dgrad: bool | None = None
-    split_wgrad: bool | None = None
 
-
-def _plan(recipe, recipe_state) -> _Plan:
-    if recipe is None:
-        if recipe_state is not None:
-            raise ValueError("recipe_state: expected None without a recipe (high precision keeps no state)")
-        return _Plan()
-    if isinstance(recipe, _recipe.DelayedScaling):
-        raise NotImplementedError(
-            "recipe: DelayedScaling is not supported by te_jax.dense yet (its per-role scale and "
-            "amax_history state arrives with the next slice); use Float8CurrentScaling or "
-            "Float8BlockScaling"
-        )
-    if recipe_state is not None:
+def dense_axes(lay: Layout, x_ndim: int, name_x="input_spec", name_k="kernel_spec") -> LinearAxes:
+    """A linear layer's LinearAxes from its layout's (x, kernel) spec entries, checked."""
+    xs, ks = lay.specs[0], lay.specs[1]
+    rows = _op_common.row_axes(xs)
+    k = entry_axes(xs[-1])
+    if entry_axes(ks[0]) != k:
         raise ValueError(
-            f"recipe_state: expected None with {type(recipe).__name__} (only DelayedScaling "
-            "keeps scaling state)"
+            f"{name_k}: its first (K) entry {ks[0]!r} must split K as {name_x}'s last entry {xs[-1]!r} "
+            "does (row-parallel layers split both alike; else both None)"
         )
-    if isinstance(recipe, _recipe.Float8BlockScaling):
-        fwd, bwd = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn)
-        modes = [
-            _BLOCK_MODE[d]
-            for d in (recipe.x_block_scaling_dim, recipe.w_block_scaling_dim, recipe.grad_block_scaling_dim)
-        ]
-    elif isinstance(recipe, _recipe.Float8CurrentScaling):
-        fwd = np.dtype(jnp.float8_e4m3fn)
-        hybrid = recipe.fp8_format == _recipe.Format.HYBRID
-        bwd = np.dtype(jnp.float8_e5m2 if hybrid else jnp.float8_e4m3fn)
-        modes = ["per_tensor"] * 3
-    elif isinstance(recipe, _recipe.Recipe):
-        raise NotImplementedError(
-            f"recipe: {type(recipe).__name__} is not supported by te_jax.dense yet; use "
-            "Float8CurrentScaling or Float8BlockScaling"
+    n = entry_axes(ks[1])
+    shared = set(rows) & set(k + n)
+    if shared:
+        raise ValueError(
+            f"{name_k}: mesh axes {sorted(shared)} split both the kernel and {name_x}'s rows; a kernel "
+            "split over the batch axes (FSDP) must be gathered before the GEMM: pass its spec without them"
         )
-    else:
-        raise TypeError(
-            f"recipe: expected None or a te_jax.recipe recipe (Float8CurrentScaling, "
-            f"Float8BlockScaling), got {type(recipe).__name__}"
-        )
-
-    def role(dtype, mode, q):
-        return Fp8Out(dtype, mode, True, True, bool(q.power_2_scale), float(q.amax_epsilon))
-
-    return _Plan(
-        x=role(fwd, modes[0], recipe.fp8_quant_fwd_inp),
-        w=role(fwd, modes[1], recipe.fp8_quant_fwd_weight),
-        grad=role(bwd, modes[2], recipe.fp8_quant_bwd_grad),
-        split_fprop=bool(recipe.fp8_gemm_fprop.use_split_accumulator),
-        split_dgrad=bool(recipe.fp8_gemm_dgrad.use_split_accumulator),
-        split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
-    )
+    return LinearAxes(rows, k, n)
 
 
-def _array(value, name):
-    if not isinstance(value, jax.Array):
-        try:
-            value = jnp.asarray(value)
-        except TypeError:
-            raise TypeError(f"{name}: expected a jax array, got {type(value).__name__}") from None
-    _dtypes.as_dtype(value.dtype, f"{name}.dtype", _dtypes.SOURCE)
-    return value
-
-
-def dense(x, kernel, bias=None, *, recipe=None, recipe_state=None):
+def dense(
+    x,
+    kernel,
+    bias=None,
+    *,
+    recipe=None,
+    recipe_state: dict | None = None,
+    input_spec: P | None = None,
+    kernel_spec: P | None = None,
+    rng=None,
+):
     """``x @ kernel (+ bias)`` through te's GEMM: x [..., K], kernel [K, N] (TE Flax's
     DenseGeneral layout), bias [N]; returns [..., N] in x's dtype.
 
     Args:
-      recipe: None (high precision: x and kernel of one dtype, float32/bfloat16/float16), or
-        te_jax.recipe.Float8CurrentScaling / Float8BlockScaling: x and kernel are quantized in
-        the forward, dy in the backward (see the module notes for formats and layouts).
-        DelayedScaling raises NotImplementedError (next slice); so do MXFP8/NVFP4.
-      recipe_state: reserved for DelayedScaling's state; must be None.
+      recipe: None (high precision: x and kernel of one dtype, float32/bfloat16/float16) or a
+        te_jax.recipe recipe: DelayedScaling, Float8CurrentScaling, Float8BlockScaling (te's FP8
+        kernels), MXFP8BlockScaling or NVFP4BlockScaling (emulated). x and kernel are quantized
+        in the forward, dy in the backward.
+      recipe_state: DelayedScaling only: {"x_scale", "x_amax_history", "kernel_scale", ...,
+        "grad_amax_history"} (te_jax.init_recipe_state(recipe, "dense")); jax.grad with respect
+        to it returns the next step's state.
+      input_spec, kernel_spec: jax.sharding.PartitionSpecs of x and kernel over the mesh set
+        with jax.set_mesh (see the module notes). input_spec defaults to x's first dim split
+        over te_jax.autocast's MeshResource batch axes (dp, fsdp); kernel_spec to replicated.
+      rng: a jax.random key for NVFP4's stochastic rounding of gradients.
 
     Differentiable in x, kernel and bias (jax.grad; te's GEMMs in the backward), and jit-able.
     """
-    plan = _plan(recipe, recipe_state)
-    x = _array(x, "x")
-    kernel = _array(kernel, "kernel")
+    plan = plan_for(recipe)
+    x = _op_common.array(x, "x")
+    kernel = _op_common.array(kernel, "kernel")
     if kernel.ndim != 2:
         raise ValueError(f"kernel: expected shape [K, N] (in, out), got {tuple(kernel.shape)}")
     k, n = kernel.shape
     if x.ndim < 1 or x.shape[-1] != k:
         raise ValueError(f"x: expected shape [..., {k}] (kernel's in dim K = {k}), got {tuple(x.shape)}")
-    if plan.x is None and x.dtype != kernel.dtype:
+    if not plan.quantized and x.dtype != kernel.dtype:
         raise TypeError(
             f"kernel.dtype: expected x's dtype {np.dtype(x.dtype).name} (a high-precision GEMM "
             f"reads one dtype), got {np.dtype(kernel.dtype).name}"
         )
     if bias is not None:
-        bias = _array(bias, "bias")
+        bias = _op_common.array(bias, "bias")
         if tuple(bias.shape) != (n,):
             raise ValueError(f"bias: expected shape ({n},) (kernel's out dim), got {tuple(bias.shape)}")
+    roles = roles_of(plan)
+    state = _op_common.check_state(plan, recipe_state, roles)
+    rng = _op_common.check_rng(plan, rng)
+    if x.ndim == 1:
+        return dense(
+            x[None], kernel, bias, recipe=recipe, recipe_state=recipe_state, kernel_spec=kernel_spec, rng=rng
+        )[0]
+
+    if input_spec is None:
+        input_spec = _sharding.default_input_spec(x.ndim)
+    lay = _sharding.layout([(x.shape, input_spec, "input_spec"), (kernel.shape, kernel_spec, "kernel_spec")])
+    axes = dense_axes(lay, x.ndim)
+    xs, ks = lay.specs
+    _op_common.check_blocks(
+        plan,
+        lay,
+        [
+            ("x", x.shape, xs, True),
+            ("kernel", kernel.shape, ks, False),
+            ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True),
+        ],
+    )
+    st = _Static(
+        plan=plan,
+        layout=lay,
+        axes=axes,
+        x_spec=P(*xs),
+        k_spec=P(*ks),
+        b_spec=P(ks[1]),
+        y_spec=P(*xs[:-1], ks[1]),
+        k_local=k // lay.size(axes.k),
+        n_local=n // lay.size(axes.n),
+        x_dtype=np.dtype(x.dtype),
+        k_dtype=np.dtype(kernel.dtype),
+        b_dtype=_op_common.dtype_of(bias),
+    )
+    return _dense(st, x, kernel, bias, state, rng)
+
+
+def _fwd_local(st: _Static, x, kernel, bias, scales, rng):
+    plan, axes = st.plan, st.axes
     lead = x.shape[:-1]
-    y = _dense(plan, jnp.reshape(x, (-1, k)), kernel, bias)
-    return jnp.reshape(y, tuple(lead) + (n,))
-
-
-def _bias_for(bias, dtype):
-    # te_gemm's bias epilogue takes the output's dtype or float32.
-    if bias is None or bias.dtype in (np.dtype(dtype), np.dtype(jnp.float32)):
-        return bias
-    return bias.astype(dtype)
-
-
-def _forward(plan: _Plan, x, kernel, bias):
-    if plan.x is None:
-        y = gemm(x, kernel, bias=_bias_for(bias, x.dtype), trans_b=False)
-        return y, (x, kernel)
-    xq = quantize(
-        x,
-        dtype=plan.x.dtype,
-        scaling_mode=plan.x.scaling_mode,
+    x2 = jnp.reshape(x, (-1, st.k_local))
+    xq, x_amax = quantize_operand(
+        x2,
+        plan.x,
         rowwise=True,
         columnwise=True,
-        force_pow2_scales=plan.x.force_pow2_scales,
-        amax_epsilon=plan.x.amax_epsilon,
+        reduce_axes=axes.rows + axes.k,
+        scale=scales.get(_ROLES.x),
+        rng=rng,
     )
-    wq = quantize(
-        kernel,
-        dtype=plan.w.dtype,
-        scaling_mode=plan.w.scaling_mode,
-        rowwise=True,
-        columnwise=True,
-        force_pow2_scales=plan.w.force_pow2_scales,
-        amax_epsilon=plan.w.amax_epsilon,
-    )
-    y = gemm(
-        xq,
-        wq,
-        bias=_bias_for(bias, x.dtype),
-        trans_b=False,
-        out_dtype=x.dtype,
-        use_split_accumulator=plan.split_fprop,
-    )
-    # Keep only what the backward reads: x's column-wise copy (wgrad), kernel's row-wise (dgrad).
-    x_saved = dataclasses.replace(xq, data=None, scale_inv=None)
-    w_saved = dataclasses.replace(wq, columnwise_data=None, columnwise_scale_inv=None)
-    return y, (x_saved, w_saved)
+    y, res, amaxes = linear_fwd(plan, _ROLES, axes, xq, kernel, bias, scales, st.x_dtype, rng)
+    if x_amax is not None:
+        amaxes[_ROLES.x] = x_amax
+    return jnp.reshape(y, lead + (st.n_local,)), st.layout.pack(res), amaxes
+
+
+def _bwd_local(st: _Static, res, dy, scales, rng):
+    plan, axes = st.plan, st.axes
+    res = st.layout.unpack(res)
+    lead = dy.shape[:-1]
+    dy2 = jnp.reshape(dy, (-1, st.n_local)).astype(st.x_dtype)
+    dyq, dbias, amaxes = quantize_grad(plan, _ROLES, axes, dy2, st.b_dtype is not None, scales, rng)
+    dx, dk = linear_bwd(plan, axes, res, dyq, st.x_dtype, st.k_dtype)
+    if dbias is not None:
+        dbias = _sharding.psum(dbias, axes.rows).astype(st.b_dtype)
+    return jnp.reshape(dx, lead + (st.k_local,)), dk.astype(st.k_dtype), dbias, amaxes
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dense(plan, x, kernel, bias):
-    return _forward(plan, x, kernel, bias)[0]
+def _dense(st, x, kernel, bias, state, rng):
+    return _dense_fwd(st, x, kernel, bias, state, rng)[0]
 
 
-def _dense_fwd(plan, x, kernel, bias):
-    y, saved = _forward(plan, x, kernel, bias)
-    # Zero-size tags carry the cotangents' dtypes (residuals must be JAX values).
-    return y, (
-        saved,
-        jnp.zeros((0,), x.dtype),
-        jnp.zeros((0,), kernel.dtype),
-        None if bias is None else jnp.zeros((0,), bias.dtype),
+def _dense_fwd(st, x, kernel, bias, state, rng):
+    lay = st.layout
+    scales = _delayed.scales(state, roles_of(st.plan))
+    y, res, amaxes = lay.run(
+        functools.partial(_fwd_local, st),
+        (x, kernel, bias, scales, rng),
+        in_specs=(st.x_spec, st.k_spec, st.b_spec, P(), P()),
+        out_specs=(st.y_spec, lay.residual_spec, P()),
     )
+    return y, (res, state, amaxes, rng)
 
 
-def _dense_bwd(plan, res, dy):
-    (x_saved, w_saved), x_tag, k_tag, b_tag = res
-    x_dtype, k_dtype = x_tag.dtype, k_tag.dtype
-    has_bias = b_tag is not None
-    dy = dy.astype(x_dtype)
-    dbias = None
-    if plan.grad is None:
-        x, kernel = x_saved, w_saved
-        dx = gemm(dy, kernel, trans_b=True)
-        dk = gemm(x, dy, trans_a=True, trans_b=False)
-        if has_bias:
-            dbias = jnp.sum(dy.astype(jnp.float32), axis=0)
-    else:
-        if has_bias:
-            dyq, dbias = dbias_quantize(dy, plan.grad)
-        else:
-            g = plan.grad
-            dyq = quantize(
-                dy,
-                dtype=g.dtype,
-                scaling_mode=g.scaling_mode,
-                rowwise=True,
-                columnwise=True,
-                force_pow2_scales=g.force_pow2_scales,
-                amax_epsilon=g.amax_epsilon,
-            )
-        dx = gemm(dyq, w_saved, trans_b=True, out_dtype=x_dtype, use_split_accumulator=plan.split_dgrad)
-        dk = gemm(
-            x_saved,
-            dyq,
-            trans_a=True,
-            trans_b=False,
-            out_dtype=k_dtype,
-            use_split_accumulator=plan.split_wgrad,
-        )
-    return dx, dk.astype(k_dtype), None if dbias is None else dbias.astype(b_tag.dtype)
+def _dense_bwd(st, saved, dy):
+    res, state, fwd_amaxes, rng = saved
+    lay = st.layout
+    roles = roles_of(st.plan)
+    dx, dk, db, amaxes = lay.run(
+        functools.partial(_bwd_local, st),
+        (res, dy, _delayed.scales(state, roles), rng),
+        in_specs=(lay.residual_spec, st.y_spec, P(), P()),
+        out_specs=(st.x_spec, st.k_spec, st.b_spec, P()),
+    )
+    new_state = None if state is None else _delayed.update(state, {**fwd_amaxes, **amaxes}, roles, st.plan)
+    return dx, dk, db, new_state, None
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)

@@ -22,7 +22,8 @@ _F32 = np.dtype(jnp.float32)
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Out:
-    """How a fused op quantizes its output (current or block scaling; static, hashable)."""
+    """How a fused op quantizes its output (static, hashable): current or block scaling
+    compute their scales; ``delayed`` per-tensor scaling takes the caller's scale (an operand)."""
 
     dtype: np.dtype = np.dtype(jnp.float8_e4m3fn)
     scaling_mode: str = "per_tensor"
@@ -30,6 +31,7 @@ class Fp8Out:
     columnwise: bool = False
     force_pow2_scales: bool = False
     amax_epsilon: float = 0.0
+    delayed: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", _dtypes.as_dtype(self.dtype, "dtype", _dtypes.FP8))
@@ -40,6 +42,8 @@ class Fp8Out:
             )
         if not (self.rowwise or self.columnwise):
             raise ValueError("rowwise, columnwise: expected at least one of them True")
+        if self.delayed and self.scaling_mode != "per_tensor":
+            raise ValueError(f"delayed: expected scaling_mode 'per_tensor', got {self.scaling_mode!r}")
 
     @property
     def mode(self) -> int:
@@ -72,7 +76,7 @@ def attrs(fp8: Fp8Out | None, with_quantized: bool = True) -> dict:
         scaling_mode=np.int32(fp8_or_default.mode),
         rowwise=np.bool_(fp8_or_default.rowwise),
         columnwise=np.bool_(fp8_or_default.columnwise),
-        compute_scale=np.bool_(True),
+        compute_scale=np.bool_(not fp8_or_default.delayed),
         force_pow2_scales=np.bool_(fp8_or_default.force_pow2_scales),
         amax_epsilon=np.float32(fp8_or_default.amax_epsilon),
     )
@@ -83,6 +87,19 @@ def absent_stats():
     """The scale and amax operands of a computed-scale (current or block) output: [0]."""
     z = jnp.zeros(_ops.ABSENT_SHAPE, _F32)
     return z, z
+
+
+def stat_operands(fp8: Fp8Out | None, scale, first: int):
+    """(scale, amax, aliases) for an op whose scale operand is operand ``first`` and amax the
+    next: delayed scaling passes ``scale`` (fp32 [1]) and a zero amax, aliased to the results
+    (4: amax, 5: scale) so the handler writes amax(output) there; otherwise [0] placeholders."""
+    if fp8 is None or not fp8.delayed:
+        if scale is not None:
+            raise ValueError("scale: expected None unless the FP8 output is delayed-scaled")
+        return (*absent_stats(), None)
+    if scale is None:
+        raise ValueError("scale: expected the delayed scale (fp32 [1]) for a delayed-scaled output")
+    return jnp.reshape(scale.astype(_F32), (1,)), jnp.zeros((1,), _F32), {first: 5, first + 1: 4}
 
 
 def assemble(parts, shape, hp_dtype, fp8: Fp8Out | None):

@@ -1,0 +1,201 @@
+"""te_jax's LayerNormMLP forward+backward under jit: FP8 (delayed, current, block scaling) and
+BF16 against plain Flax BF16 (nn.LayerNorm + nn.Dense + gelu + nn.Dense), in one run.
+
+Problem (TE's JAX figure in shared/GPU.md): hidden 4096, ffn 16384, 16384 tokens (8 x 2048),
+gelu (tanh), no biases, BF16 parameters and activations. One step is the jitted forward and
+backward of the layer with a fixed output gradient: gradients of every parameter and of the
+input (plus the next fp8_metas state under DelayedScaling). Timing: --warmup steps, then the
+median of --iters steps, each timed on the host with block_until_ready. TFLOP/s count the six
+GEMMs (12 * tokens * hidden * ffn). Before timing, each variant's output is checked against
+plain Flax BF16 (normwise relative error; FP8 within 0.1, BF16 within 0.02), so a broken
+variant cannot post a time. Target: the best FP8 variant >= 1.8x plain Flax BF16.
+--json PATH writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
+os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+TARGET = 1.8
+BF16 = jnp.bfloat16
+
+
+class FlaxMLP(nn.Module):
+    """The plain Flax layer te_jax.flax.LayerNormMLP replaces."""
+
+    ffn: int
+
+    @nn.compact
+    def __call__(self, x):
+        h = x.shape[-1]
+        y = nn.LayerNorm(epsilon=1e-6, dtype=BF16, param_dtype=BF16)(x)
+        y = nn.Dense(self.ffn, use_bias=False, dtype=BF16, param_dtype=BF16)(y)
+        y = jax.nn.gelu(y, approximate=True)
+        return nn.Dense(h, use_bias=False, dtype=BF16, param_dtype=BF16)(y)
+
+
+def _te_params(flax_params, hidden: int, ffn: int) -> dict:
+    """te_jax.flax.LayerNormMLP's parameters holding plain Flax's values (same numbers)."""
+    return {
+        "scale": flax_params["LayerNorm_0"]["scale"],
+        "ln_bias": flax_params["LayerNorm_0"]["bias"],
+        "wi_kernel": flax_params["Dense_0"]["kernel"].reshape(hidden, 1, ffn),
+        "wo_kernel": flax_params["Dense_1"]["kernel"],
+    }
+
+
+def _step(model, recipe, x, dy, params):
+    """(jitted step, its arguments) for ``model`` under ``recipe`` (None: high precision)."""
+    import te_jax
+
+    with te_jax.autocast(enabled=recipe is not None, recipe=recipe):
+        metas = nn.unbox(model.init(jax.random.PRNGKey(0), x)).get("fp8_metas")
+
+        def fwd_bwd(params, metas, x):
+            def f(params, metas, x):
+                v = {"params": params} if metas is None else {"params": params, "fp8_metas": metas}
+                out = model.apply(v, x)
+                return out[0] if isinstance(out, tuple) else out
+
+            y, vjp = jax.vjp(f, params, metas, x)
+            return y, vjp(dy)
+
+        # traced and compiled inside the region: the compiled step keeps its recipe
+        step = jax.jit(fwd_bwd).lower(params, metas, x).compile()
+    return step, (params, metas, x)
+
+
+def _time(step, args, warmup: int, iters: int) -> list[float]:
+    for _ in range(warmup):
+        jax.block_until_ready(step(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--ffn", type=int, default=16384)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        print(
+            "benchmarks/jax_dense.py: needs a GPU visible to jax (jax with its CUDA plugin)", file=sys.stderr
+        )
+        return 1
+    import te_jax
+    from te_core import _C
+
+    if not _C.BUILT_WITH_CUDA:
+        print("benchmarks/jax_dense.py: needs a CUDA build of te-core (TE_CUDA_ARCHS=90a)", file=sys.stderr)
+        return 1
+    from te_jax import recipe
+
+    seq = 2048 if args.tokens % 2048 == 0 else args.tokens
+    shape = (args.tokens // seq, seq, args.hidden)
+    with jax.default_device(gpu):
+        x = jax.random.normal(jax.random.PRNGKey(1), shape, jnp.float32).astype(BF16)
+        dy = jax.random.normal(jax.random.PRNGKey(2), shape, jnp.float32).astype(BF16)
+        te_mlp = te_jax.flax.LayerNormMLP(intermediate_dim=args.ffn, activations=("gelu",), dtype=BF16)
+        variants = [
+            ("flax_bf16", FlaxMLP(args.ffn), None),
+            ("te_bf16", te_mlp, None),
+            ("te_fp8_delayed", te_mlp, recipe.DelayedScaling()),
+            ("te_fp8_current", te_mlp, recipe.Float8CurrentScaling()),
+            ("te_fp8_block", te_mlp, recipe.Float8BlockScaling()),
+        ]
+        flax_params = nn.unbox(FlaxMLP(args.ffn).init(jax.random.PRNGKey(0), x))["params"]
+        te_params = _te_params(flax_params, args.hidden, args.ffn)
+        flops = 12.0 * args.tokens * args.hidden * args.ffn
+        problem = f"LayerNormMLP {args.hidden}/{args.ffn}, {args.tokens} tokens"
+        print(f"{gpu.device_kind}, jax {jax.__version__}; {problem}")
+        print(f"{'variant':16s} {'ms':>9s} {'TFLOP/s':>8s} {'vs flax':>8s} {'rel err':>8s}")
+        results, y_flax = [], None
+        for name, model, r in variants:
+            entry = {"variant": name}
+            try:
+                step, step_args = _step(model, r, x, dy, flax_params if name == "flax_bf16" else te_params)
+                y, _ = jax.block_until_ready(step(*step_args))
+                if y_flax is None:
+                    y_flax = y
+                err = _rel(y, y_flax)
+                limit = 0.1 if r is not None else 0.02
+                entry["rel_err_vs_flax"] = err
+                if not err <= limit:
+                    raise RuntimeError(f"output differs from plain Flax BF16: rel err {err:.3g} > {limit}")
+                times = _time(step, step_args, args.warmup, args.iters)
+                ms = statistics.median(times)
+                entry.update(ms=ms, ms_min=min(times), tflops=flops / ms / 1e9)
+                del step, step_args
+            except Exception as e:  # noqa: BLE001 (report every variant; one failure does not hide the rest)
+                entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"{name:16s} FAILED: {entry['error']}", flush=True)
+            results.append(entry)
+            if "ms" in entry:
+                base = results[0].get("ms")
+                entry["speedup_vs_flax_bf16"] = base / entry["ms"] if base else None
+                ratio = f"{entry['speedup_vs_flax_bf16']:7.2f}x" if base else "      -"
+                err = entry["rel_err_vs_flax"]
+                print(f"{name:16s} {entry['ms']:9.3f} {entry['tflops']:8.1f} {ratio} {err:8.2e}", flush=True)
+    fp8 = [
+        e["speedup_vs_flax_bf16"]
+        for e in results
+        if e["variant"].startswith("te_fp8") and e.get("speedup_vs_flax_bf16")
+    ]
+    best = max(fp8) if fp8 else None
+    verdict = "n/a" if best is None else ("PASS" if best >= TARGET else "FAIL")
+    print(
+        f"target: best FP8 >= {TARGET}x plain Flax BF16: {'-' if best is None else f'{best:.2f}x'} {verdict}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "device": gpu.device_kind,
+                    "jax": jax.__version__,
+                    "problem": {
+                        "tokens": args.tokens,
+                        "hidden": args.hidden,
+                        "ffn": args.ffn,
+                        "activation": "gelu",
+                    },
+                    "iters": args.iters,
+                    "target_speedup": TARGET,
+                    "best_fp8_speedup": best,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
+    return 0 if all("error" not in e for e in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Recipes as static plans: how each GEMM operand role is quantized, and the GEMM dispatch over
+native FP8 (te-core), emulated MXFP8/NVFP4 (te_jax._emulated) and high precision.
+
+A dense layer has three quantized roles (NUMERICS.md): its input x and kernel in the forward
+format, the output gradient dy in the backward format. Every GEMM reads both operands with the
+reduction dim contiguous, so each operand comes in up to two copies: row-wise (scales/blocks
+along the last dim of its [M, K] view) and column-wise (along the first dim):
+
+    fprop  y  = x @ w     x row-wise,    w [K, N] column-wise
+    dgrad  dx = dy @ w^T  dy row-wise,   w row-wise
+    wgrad  dw = x^T @ dy  x column-wise, dy column-wise
+
+Quantizing on a mesh: a per-tensor amax is max-reduced over the axes the tensor is split on
+before the scale is taken from it, so every device uses the scale the unsharded tensor would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from te_core import recipe as _recipe
+
+from te_jax import _emulated, _sharding
+from te_jax._fused import Fp8Out
+from te_jax._gemm import gemm
+from te_jax._quantize import amax as _amax
+from te_jax._quantize import quantize
+from te_jax._scaled_tensor import ScaledTensor
+
+E4M3 = np.dtype(jnp.float8_e4m3fn)
+E5M2 = np.dtype(jnp.float8_e5m2)
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+_F32 = np.dtype(jnp.float32)
+FLT_MAX = float(np.finfo(np.float32).max)
+_NATIVE = ("current", "delayed", "block")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantizer:
+    """How one tensor role is quantized (static, hashable).
+
+    kind: "current" | "delayed" (per-tensor FP8), "block" (te-core's 1x128 / 128x128 blocks),
+      "mxfp8" | "nvfp4" (emulated in JAX: quantized and dequantized, GEMMs in fp32).
+    dtype: the FP8 element dtype (None for NVFP4's E2M1).
+    scaling_mode: native: te-core's mode ("per_tensor", "block_1d", "block_2d"); emulated: "1d"
+      (blocks along the GEMM's reduction dim) or "2d" (square tiles, both copies equal).
+    """
+
+    kind: str
+    dtype: np.dtype | None
+    scaling_mode: str = "per_tensor"
+    force_pow2_scales: bool = False
+    amax_epsilon: float = 0.0
+    rht: bool = False
+    stochastic_rounding: bool = False
+
+    @property
+    def native(self) -> bool:
+        return self.kind in _NATIVE
+
+    @property
+    def fp8_max(self) -> float:
+        return FP8_MAX[self.dtype]
+
+    def fp8_out(self, rowwise: bool, columnwise: bool) -> Fp8Out:
+        return Fp8Out(
+            self.dtype,
+            self.scaling_mode,
+            rowwise,
+            columnwise,
+            self.force_pow2_scales,
+            self.amax_epsilon,
+            delayed=self.kind == "delayed",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedParams:
+    """DelayedScaling's update rule (NUMERICS.md), static."""
+
+    margin: float
+    amax_history_len: int
+    amax_compute_algo: str | Callable
+    scaling_factor_compute_algo: Callable | None
+    recipe: object = dataclasses.field(compare=False, hash=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The quantizers of a dense layer's three roles (None: high precision) and its GEMMs'
+    split accumulation; ``delayed`` when the roles keep DelayedScaling state."""
+
+    x: Quantizer | None = None
+    w: Quantizer | None = None
+    grad: Quantizer | None = None
+    split_fprop: bool | None = None
+    split_dgrad: bool | None = None
+    split_wgrad: bool | None = None
+    delayed: DelayedParams | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.x is not None
+
+    @property
+    def native(self) -> bool:
+        return self.x is not None and self.x.native
+
+
+_BLOCK_MODE = {1: "block_1d", 2: "block_2d"}
+
+
+def plan_for(recipe) -> Plan:
+    """The Plan of ``recipe`` (None: high precision); TypeError/NotImplementedError otherwise."""
+    if recipe is None:
+        return Plan()
+    if not isinstance(recipe, _recipe.Recipe):
+        raise TypeError(
+            "recipe: expected None or a te_jax.recipe recipe (DelayedScaling, Float8CurrentScaling, "
+            f"Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling), got {type(recipe).__name__}"
+        )
+    hybrid = getattr(recipe, "fp8_format", None) == _recipe.Format.HYBRID
+    bwd = E5M2 if hybrid else E4M3
+    if isinstance(recipe, _recipe.DelayedScaling):
+        q = Quantizer("delayed", E4M3)
+        return Plan(
+            x=q,
+            w=q,
+            grad=dataclasses.replace(q, dtype=bwd),
+            split_fprop=False,
+            split_dgrad=True,
+            split_wgrad=True,
+            delayed=DelayedParams(
+                float(recipe.margin),
+                int(recipe.amax_history_len),
+                recipe.amax_compute_algo,
+                recipe.scaling_factor_compute_algo,
+                recipe,
+            ),
+        )
+    if isinstance(recipe, (_recipe.Float8CurrentScaling, _recipe.Float8BlockScaling)):
+        block = isinstance(recipe, _recipe.Float8BlockScaling)
+        dims = (
+            (recipe.x_block_scaling_dim, recipe.w_block_scaling_dim, recipe.grad_block_scaling_dim)
+            if block
+            else (None, None, None)
+        )
+
+        def role(dtype, dim, qp):
+            return Quantizer(
+                "block" if block else "current",
+                dtype,
+                _BLOCK_MODE[dim] if block else "per_tensor",
+                bool(qp.power_2_scale),
+                float(qp.amax_epsilon),
+            )
+
+        return Plan(
+            x=role(E4M3, dims[0], recipe.fp8_quant_fwd_inp),
+            w=role(E4M3, dims[1], recipe.fp8_quant_fwd_weight),
+            grad=role(E4M3 if block else bwd, dims[2], recipe.fp8_quant_bwd_grad),
+            split_fprop=bool(recipe.fp8_gemm_fprop.use_split_accumulator),
+            split_dgrad=bool(recipe.fp8_gemm_dgrad.use_split_accumulator),
+            split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
+        )
+    if isinstance(recipe, _recipe.MXFP8BlockScaling):
+        q = Quantizer("mxfp8", E4M3, "1d")
+        w = dataclasses.replace(q, scaling_mode="2d") if recipe.enable_2d_quantization else q
+        return Plan(x=q, w=w, grad=dataclasses.replace(q, dtype=bwd))
+    if isinstance(recipe, _recipe.NVFP4BlockScaling):
+        q = Quantizer("nvfp4", None, "1d")
+        return Plan(
+            x=dataclasses.replace(q, rht=recipe.fp4_quant_fwd_inp.random_hadamard_transform),
+            w=dataclasses.replace(
+                q, scaling_mode="2d" if recipe.fp4_quant_fwd_weight.fp4_2d_quantization else "1d"
+            ),
+            grad=dataclasses.replace(
+                q,
+                rht=recipe.fp4_quant_bwd_grad.random_hadamard_transform,
+                stochastic_rounding=recipe.fp4_quant_bwd_grad.stochastic_rounding,
+            ),
+        )
+    raise NotImplementedError(
+        f"recipe: {type(recipe).__name__} is not supported by te_jax; use DelayedScaling, "
+        "Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling or NVFP4BlockScaling"
+    )
+
+
+def scale_from_amax(amax, fp8_max: float, pow2: bool, eps: float):
+    """Current scaling's scale (NUMERICS.md) from an fp32 [1] amax, in JAX: amax = max(amax,
+    eps) (NaN stays NaN); 0, inf or NaN -> 1; else fp8_max / amax (inf -> FLT_MAX); pow2 rounds
+    down to a power of two by clearing the mantissa bits."""
+    a = jnp.where(jnp.isnan(amax), amax, jnp.maximum(amax, jnp.float32(eps)))
+    ok = jnp.isfinite(a) & (a > 0)
+    s = jnp.float32(fp8_max) / jnp.where(ok, a, jnp.float32(1.0))
+    s = jnp.where(jnp.isinf(s), jnp.float32(FLT_MAX), s)
+    s = jnp.where(ok, s, jnp.float32(1.0))
+    if pow2:
+        bits = jax.lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFF800000)
+        s = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return s
+
+
+def quantize_operand(
+    x,
+    q: Quantizer | None,
+    *,
+    rowwise: bool,
+    columnwise: bool,
+    reduce_axes: tuple[str, ...] = (),
+    scale=None,
+    rng=None,
+):
+    """(operand, amax) of x [M, K] (per shard) for role ``q``.
+
+    operand: x itself (q None), a ScaledTensor (native), or an _emulated.Emulated. amax: the
+    per-tensor amax of x max-reduced over ``reduce_axes`` for delayed scaling (the state's new
+    entry), else None. ``scale``: the delayed scale (fp32 [1]); ``rng``: NVFP4's stochastic
+    rounding key.
+    """
+    if q is None:
+        return x, None
+    if not q.native:
+        return _emulated.quantize(x, q, rowwise, columnwise, reduce_axes, rng), None
+    common = dict(dtype=q.dtype, rowwise=rowwise, columnwise=columnwise)
+    if q.kind == "delayed":
+        t = quantize(x, scale=scale, amax=jnp.zeros((1,), _F32), **common)
+        return t, _sharding.pmax(t.amax, reduce_axes)
+    if q.kind == "current" and reduce_axes:
+        # the scale of the whole tensor: amax reduced across shards, then quantized with it
+        a = _sharding.pmax(_amax(x), reduce_axes)
+        s = scale_from_amax(a, q.fp8_max, q.force_pow2_scales, q.amax_epsilon)
+        return quantize(x, scale=s, **common), None
+    t = quantize(
+        x,
+        scaling_mode=q.scaling_mode,
+        force_pow2_scales=q.force_pow2_scales,
+        amax_epsilon=q.amax_epsilon,
+        **common,
+    )
+    return t, None
+
+
+def keep(operand, *, rowwise: bool):
+    """The operand with only its row-wise (or column-wise) copy, what a residual needs."""
+    if isinstance(operand, ScaledTensor):
+        if rowwise:
+            return dataclasses.replace(operand, columnwise_data=None, columnwise_scale_inv=None)
+        return dataclasses.replace(operand, data=None, scale_inv=None)
+    if isinstance(operand, _emulated.Emulated):
+        return _emulated.Emulated(
+            operand.rowwise if rowwise else None, None if rowwise else operand.columnwise
+        )
+    return operand
+
+
+def mm(a, b, *, trans_a: bool = False, trans_b: bool, out_dtype, bias=None, split=None):
+    """op(a) op(b) (+ bias) for operands from quantize_operand (both of one kind)."""
+    if isinstance(a, _emulated.Emulated):
+        a_hp = a.columnwise if trans_a else a.rowwise
+        b_hp = b.rowwise if trans_b else b.columnwise
+        y = gemm(
+            a_hp, b_hp, bias=None if bias is None else bias.astype(_F32), trans_a=trans_a, trans_b=trans_b
+        )
+        return y.astype(out_dtype)
+    if isinstance(a, ScaledTensor):
+        return gemm(
+            a,
+            b,
+            bias=bias,
+            trans_a=trans_a,
+            trans_b=trans_b,
+            out_dtype=out_dtype,
+            use_split_accumulator=split,
+        )
+    return gemm(a, b, bias=bias, trans_a=trans_a, trans_b=trans_b).astype(out_dtype)
+
+
+def bias_for(bias, dtype):
+    """te_gemm's bias epilogue takes the output's dtype or float32."""
+    if bias is None or np.dtype(bias.dtype) in (np.dtype(dtype), _F32):
+        return bias
+    return bias.astype(dtype)
