@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-# te-core 0.1 runs CUDA GEMMs only on request while they are being verified (csrc/cuda/gemm.cu).
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 TARGET = 1.8
 BF16 = jnp.bfloat16

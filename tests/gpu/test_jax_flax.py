@@ -12,20 +12,15 @@ Run on the GPU machine:
 
 from __future__ import annotations
 
-import os
-
-# te-core 0.1 runs CUDA GEMMs only on request (csrc/cuda/gemm.cu); set before te-core reads it.
-os.environ["TE_EXPERIMENTAL_CUDA_GEMM"] = "1"
-
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import te_jax  # noqa: E402
-from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU  # noqa: E402
-from te_jax import recipe  # noqa: E402
-from te_jax.flax import DenseGeneral, LayerNormDenseGeneral, LayerNormMLP  # noqa: E402
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import te_jax
+from _jax_devices import CPU, GPU, SKIP_WITHOUT_GPU
+from te_jax import recipe
+from te_jax.flax import DenseGeneral, LayerNormDenseGeneral, LayerNormMLP
 
 pytestmark = SKIP_WITHOUT_GPU
 
