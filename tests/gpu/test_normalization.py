@@ -227,12 +227,12 @@ def test_fwd_vs_cpu(shape, combo, rms, variant):
         same_bits(gmu, poison_f32(gmu.shape, "cuda"), "mu absent: untouched")
         same_bits(grs, poison_f32(grs.shape, "cuda"), "rsigma absent: untouched")
         return
-    assert_close(grs, crs, "rsigma", 2 * sum_rtol(shape[-1]), 0.0)
+    assert_close(grs, crs, "rsigma", 4 * sum_rtol(shape[-1]), 0.0)
     if rms:
         same_bits(gmu, poison_f32(gmu.shape, "cuda"), "RMSNorm writes no mu")
     else:
         xmax = float(x.double().abs().max()) if x.numel() else 0.0
-        assert_close(gmu, cmu, "mu", 0.0, 2 * sum_rtol(shape[-1]) * xmax)
+        assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
 
 
 def test_fwd_16384x8192_vs_cpu():
@@ -246,7 +246,7 @@ def test_fwd_16384x8192_vs_cpu():
         )
         rtol, atol = fp32_tolerance(cy["y"], shape[-1])
         assert_close(gy["y"], cy["y"], f"y rms={rms}", rtol, atol)
-        assert_close(grs, crs, f"rsigma rms={rms}", 2 * sum_rtol(shape[-1]), 0.0)
+        assert_close(grs, crs, f"rsigma rms={rms}", 4 * sum_rtol(shape[-1]), 0.0)
     del cy, gy
     torch.cuda.empty_cache()
 

@@ -8,7 +8,11 @@ te/activation.h): high precision 1e-5 (fp32) / 1e-2 (bf16). Under FP8 an fp32-ro
 difference can move a value across an FP8 rounding boundary (one element one FP8 step), which
 moves a GEMM's result by ~1e-3 normwise at these sizes: 5e-3 (fp32) / 1e-2 (bf16), and the
 delayed-scaling state to fp32 rounding (rtol 1e-6) since amaxes of fused outputs come from
-those values.
+those values. LayerNormMLP: 3e-2. Its FC2 input is FC1's output re-quantized to FP8, and FC1's
+result differs between the backends by the H200's FP8 tensor-core rounding (~1e-4, fast
+accumulation ~2e-3, tests/gpu/test_gemm.py), so about 0.1% of those FP8 values land one FP8 step
+(6-12%) apart: measured 0.5-1.9% normwise on the H200 (2026-11-30) for output and gradients,
+every recipe. A scale, layout or copy error is an error near 1.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ torch = pytest.importorskip("torch")
 te = pytest.importorskip("te_torch")
 recipe = te.recipe
 CUDA = torch.device("cuda")
+MLP_FP8_TOL = 3e-2  # see the top of this file
 RECIPES = {
     "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),
     "current": recipe.Float8CurrentScaling,
@@ -114,7 +119,7 @@ def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
     cpu = te.LayerNormMLP(256, 512, activation=act, params_dtype=dtype, device="cpu")
     randomize(cpu)
     gpu = copy.deepcopy(cpu).to(CUDA)
-    compare(cpu, gpu, (2, 48, 256), 256, dtype, r, 5e-3 if dtype == torch.float32 else 1e-2)
+    compare(cpu, gpu, (2, 48, 256), 256, dtype, r, MLP_FP8_TOL)
     if r.delayed():
         compare_state(gpu, cpu)
 
@@ -139,7 +144,7 @@ def test_main_grad_accumulation_cuda_matches_cpu():
     for m, dev in ((cpu, "cpu"), (gpu, CUDA)):
         m.fc1_weight.main_grad = torch.zeros(m.fc1_weight.shape, device=dev)
         m.fc2_weight.main_grad = torch.zeros(m.fc2_weight.shape, device=dev)
-    compare(cpu, gpu, (64, 256), 256, torch.bfloat16, r, 1e-2)
+    compare(cpu, gpu, (64, 256), 256, torch.bfloat16, r, MLP_FP8_TOL)
     assert gpu.fc1_weight.grad is None
     assert relerr(gpu.fc1_weight.main_grad, cpu.fc1_weight.main_grad) <= 5e-3
     assert relerr(gpu.fc2_weight.main_grad, cpu.fc2_weight.main_grad) <= 5e-3
