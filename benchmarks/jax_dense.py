@@ -138,6 +138,12 @@ def main() -> int:
             entry = {"variant": name}
             try:
                 step, step_args = _step(model, r, x, dy, flax_params if name == "flax_bf16" else te_params)
+                if r is not None and r.delayed():
+                    # DelayedScaling starts from scale 1 with an empty history; a few steps give it
+                    # the scales training would run with (the state's "gradient" is its next value).
+                    for _ in range(3):
+                        _, (_, metas, _) = step(*step_args)
+                        step_args = (step_args[0], metas, step_args[2])
                 y, _ = jax.block_until_ready(step(*step_args))
                 if y_flax is None:
                     y_flax = y

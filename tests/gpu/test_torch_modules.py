@@ -12,7 +12,8 @@ those values. LayerNormMLP: 3e-2. Its FC2 input is FC1's output re-quantized to 
 result differs between the backends by the H200's FP8 tensor-core rounding (~1e-4, fast
 accumulation ~2e-3, tests/gpu/test_gemm.py), so about 0.1% of those FP8 values land one FP8 step
 (6-12%) apart: measured 0.5-1.9% normwise on the H200 (2026-11-30) for output and gradients,
-every recipe. A scale, layout or copy error is an error near 1.
+every recipe; FC1 output amaxes in the delayed-scaling state 1e-4 apart (rtol 1e-3). A scale,
+layout or copy error is an error near 1.
 """
 
 from __future__ import annotations
@@ -81,11 +82,11 @@ def compare(cpu, gpu, shape, out_features, dtype, r, tol):
             assert relerr(a, b) <= tol, (i, relerr(a, b))
 
 
-def compare_state(gpu, cpu):
+def compare_state(gpu, cpu, rtol=1e-6):
     for gg, gc in zip(gpu._gemms.values(), cpu._gemms.values(), strict=True):
         for sg, sc in ((gg.fwd, gc.fwd), (gg.bwd, gc.bwd)):
-            assert torch.allclose(sg.amax_history.cpu(), sc.amax_history, rtol=1e-6, atol=0)
-            assert torch.allclose(sg.scale.cpu(), sc.scale, rtol=1e-6, atol=0)
+            assert torch.allclose(sg.amax_history.cpu(), sc.amax_history, rtol=rtol, atol=0)
+            assert torch.allclose(sg.scale.cpu(), sc.scale, rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("zcg", [False, True], ids=["gamma", "zero_centered"])
@@ -121,7 +122,7 @@ def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
     gpu = copy.deepcopy(cpu).to(CUDA)
     compare(cpu, gpu, (2, 48, 256), 256, dtype, r, MLP_FP8_TOL)
     if r.delayed():
-        compare_state(gpu, cpu)
+        compare_state(gpu, cpu, rtol=1e-3)  # amaxes of FC1's output: GEMM rounding
 
 
 @pytest.mark.parametrize(
@@ -146,8 +147,8 @@ def test_main_grad_accumulation_cuda_matches_cpu():
         m.fc2_weight.main_grad = torch.zeros(m.fc2_weight.shape, device=dev)
     compare(cpu, gpu, (64, 256), 256, torch.bfloat16, r, MLP_FP8_TOL)
     assert gpu.fc1_weight.grad is None
-    assert relerr(gpu.fc1_weight.main_grad, cpu.fc1_weight.main_grad) <= 5e-3
-    assert relerr(gpu.fc2_weight.main_grad, cpu.fc2_weight.main_grad) <= 5e-3
+    assert relerr(gpu.fc1_weight.main_grad, cpu.fc1_weight.main_grad) <= MLP_FP8_TOL
+    assert relerr(gpu.fc2_weight.main_grad, cpu.fc2_weight.main_grad) <= MLP_FP8_TOL
 
 
 def test_compiled_layernorm_linear_on_cuda_matches_eager():

@@ -23,17 +23,6 @@ __global__ void __launch_bounds__(kSumThreads)
 
 }  // namespace
 
-Scratch::Scratch(int64_t bytes, cudaStream_t stream) : stream_(stream) {
-  if (bytes > 0) {
-    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&data_), static_cast<size_t>(bytes), stream),
-               "fused-op scratch: cudaMallocAsync");
-  }
-}
-
-Scratch::~Scratch() {
-  if (data_ != nullptr) (void)cudaFreeAsync(data_, stream_);
-}
-
 void sum_column_partials(const float* partial, int64_t chunks, int64_t cols, void* out,
                          int32_t dtype, cudaStream_t stream) {
   if (cols == 0) return;

@@ -28,6 +28,7 @@
 #include "cuda/amax.cuh"
 #include "cuda/cast_tile.cuh"
 #include "cuda/cuda_utils.cuh"
+#include "cuda/scratch.cuh"
 
 namespace te {
 namespace cuda {
@@ -234,20 +235,6 @@ void launch_flat(FlatParams p, const L& ld, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 // Bias gradients.
 
-// Stream-ordered device scratch: allocated in `stream`, freed in `stream` when this goes out of
-// scope (also when a launch in between throws), so no host synchronisation is needed.
-class Scratch {
- public:
-  Scratch(int64_t bytes, cudaStream_t stream);
-  ~Scratch();
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* data() const { return data_; }
-
- private:
-  float* data_ = nullptr;
-  cudaStream_t stream_;
-};
 
 // out[c] = sum over chunks i, first to last, of partial[i * cols + c], rounded once to dtype
 // (fp32/fp16/bf16).
@@ -341,17 +328,17 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
       // 128x128 blocks are the weights' recipe, not an activation's, so rather than compile one
       // more tile kernel per activation, the result goes through an fp32 scratch and the plain
       // plan (te_quantize's kernels, plus the bias): 8 more bytes of traffic per element.
-      Scratch y(rows * cols * 4, stream);
+      Scratch y(static_cast<size_t>(rows * cols) * 4, stream, "fused-op scratch (fp32 result)");
       FusedOutput fp32{};
       fp32.kind = kFusedHighPrecision;
-      fp32.data = y.data();
+      fp32.data = y.as<float>();
       fp32.dtype = TE_DTYPE_FLOAT32;
       launch_flat(flat_params(fp32, rows, cols, false), ld, stream);
       FusedOutput plain = out;
-      plain.block.input = y.data();
+      plain.block.input = y.as<float>();
       plain.block.in_dtype = TE_DTYPE_FLOAT32;
       tile::InputLoader<float> from_y{};
-      from_y.in = y.data();
+      from_y.in = y.as<float>();
       from_y.cols = cols;
       write<kMayHaveDbias>(plain, from_y, rows, cols, dbias, stream);
       return;
@@ -361,7 +348,8 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
   }
 
   const int64_t chunks = ceil_div(rows, tile::kTile);
-  Scratch partials(dbias.data != nullptr ? chunks * cols * 4 : 0, stream);
+  Scratch partials(dbias.data != nullptr ? static_cast<size_t>(chunks * cols) * 4 : 0, stream,
+                   "fused-op scratch (bias-gradient partials)");
   tile::Params p{};
   int mode = tile::kHighPrecision;
   int32_t out_dtype = out.dtype;
@@ -378,7 +366,7 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
     p.cols = cols;
     p.rowwise = static_cast<uint8_t*>(out.data);
   }
-  p.dbias_partial = partials.data();
+  p.dbias_partial = partials.as<float>();
   if constexpr (kComputed) {
     if (mode == tile::kPerTensor) {
       tile::launch_loader<tile::kPerTensor>(p, ld, out_dtype, stream);
@@ -393,7 +381,7 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
     tile::launch_input(mode, p, ld.in, in_dtype, out_dtype, stream);
   }
   if (dbias.data != nullptr) {
-    sum_column_partials(partials.data(), chunks, cols, dbias.data, dbias.dtype, stream);
+    sum_column_partials(partials.as<float>(), chunks, cols, dbias.data, dbias.dtype, stream);
   }
 }
 

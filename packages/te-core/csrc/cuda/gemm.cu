@@ -38,6 +38,7 @@
 #include "cuda/cublaslt.h"
 #include "cuda/cuda_utils.cuh"
 #include "cuda/gemm_epilogue.cuh"
+#include "cuda/scratch.cuh"
 #include "te/gemm.h"
 
 namespace te {
@@ -523,14 +524,11 @@ void run_with_te_epilogue(const CublasLtApi& lt, cublasLtHandle_t handle, Plan* 
                        "; te computes the fp32 product and applies the epilogue in a separate "
                        "kernel (same numbers, one more pass over the output). Logged once per "
                        "kind of GEMM."));
-  float* scratch = nullptr;
-  if (g.d_dtype != TE_DTYPE_FLOAT32) {
-    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
-                               static_cast<size_t>(g.m) * static_cast<size_t>(g.n) * sizeof(float),
-                               stream),
-               "cudaMallocAsync (te_gemm epilogue scratch)");
-  }
-  const GemmArgs pg = plain_args(g, scratch);
+  Scratch product(g.d_dtype != TE_DTYPE_FLOAT32
+                      ? static_cast<size_t>(g.m) * static_cast<size_t>(g.n) * sizeof(float)
+                      : 0,
+                  stream, "te scratch (te_gemm epilogue product)");
+  const GemmArgs pg = plain_args(g, product.as<float>());
   {
     std::lock_guard<std::mutex> lock(plan->mu);
     set_pointers(lt, plan->desc, pg, plan->setup);
@@ -556,7 +554,6 @@ void run_with_te_epilogue(const CublasLtApi& lt, cublasLtHandle_t handle, Plan* 
   e.aux_dtype = g.aux_dtype;
   gemm_epilogue(e, stream);
   if (g.epilogue == TE_EPILOGUE_BGRAD) gemm_row_sums(g.a, g.m, g.k, g.bias_grad, g.bias_grad_dtype, stream);
-  if (scratch != nullptr) check_cuda(cudaFreeAsync(scratch, stream), "cudaFreeAsync (te_gemm epilogue scratch)");
 }
 
 __global__ void reciprocal_kernel(const float* __restrict__ scale, float* __restrict__ out) {

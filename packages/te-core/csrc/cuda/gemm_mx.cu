@@ -2,7 +2,7 @@
 //
 // Contract (te/gemm.h): the API hands each operand's copy with K contiguous (A [M, K], B [N, K])
 // with its byte scales and, for NVFP4, its global amax. Each is dequantized by dequantize_mx.cu
-// into BF16 scratch from the stream-ordered pool (cudaMallocAsync / cudaFreeAsync, so nothing
+// into BF16 scratch from te's stream-ordered pool (cuda/scratch.cuh, so nothing
 // synchronizes), exactly the values the CPU reference multiplies (cpu/gemm.cpp rounds each
 // dequantized element to BF16 too), and te::cuda::gemm runs the BF16 x BF16 product with fp32
 // accumulation and the requested epilogue through cuBLASLt. NVFP4 copies carrying the Hadamard
@@ -20,24 +20,12 @@
 #include "common/log.h"
 #include "common/validate.h"
 #include "cuda/cuda_utils.cuh"
+#include "cuda/scratch.cuh"
 
 namespace te {
 namespace cuda {
 namespace {
 
-// BF16 scratch from the stream-ordered pool, returned to it when the call ends, error or not.
-struct Scratch {
-  void* p = nullptr;
-  cudaStream_t stream;
-  Scratch(size_t bytes, cudaStream_t s, const char* what) : stream(s) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&p, bytes, s), what);
-  }
-  ~Scratch() {
-    if (p != nullptr) (void)cudaFreeAsync(p, stream);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
 
 // Dequantizes operand `op`, stored [rows, k], into BF16 `out`.
 void to_bf16(const GemmOperand& op, int64_t rows, int64_t k, void* out, cudaStream_t stream) {
@@ -84,13 +72,13 @@ void gemm_mx(const GemmArgs& g, void* stream_ptr) {
                        "operands, BF16 tensor-core rate). Logged once per format and GPU."));
   const size_t a_bytes = static_cast<size_t>(g.m) * static_cast<size_t>(g.k) * 2;
   const size_t b_bytes = static_cast<size_t>(g.n) * static_cast<size_t>(g.k) * 2;
-  Scratch a(a_bytes, stream, "cudaMallocAsync (te_gemm: BF16 copy of A)");
-  Scratch b(b_bytes, stream, "cudaMallocAsync (te_gemm: BF16 copy of B)");
-  if (a_bytes > 0) to_bf16(g.a, g.m, g.k, a.p, stream);
-  if (b_bytes > 0) to_bf16(g.b, g.n, g.k, b.p, stream);
+  Scratch a(a_bytes, stream, "te scratch (te_gemm: BF16 copy of A)");
+  Scratch b(b_bytes, stream, "te scratch (te_gemm: BF16 copy of B)");
+  if (a_bytes > 0) to_bf16(g.a, g.m, g.k, a.as<void>(), stream);
+  if (b_bytes > 0) to_bf16(g.b, g.n, g.k, b.as<void>(), stream);
   GemmArgs h = g;
-  h.a = bf16_operand(a.p, false);  // [M, K]
-  h.b = bf16_operand(b.p, true);   // [N, K]
+  h.a = bf16_operand(a.as<void>(), false);  // [M, K]
+  h.b = bf16_operand(b.as<void>(), true);   // [N, K]
   gemm(h, stream);
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/scratch.cuh"
 
 namespace te {
 namespace cuda {
@@ -75,27 +76,6 @@ int64_t resident_ctas(int threads, size_t smem = 0) {
   return static_cast<int64_t>(n) * sm_count();
 }
 
-// Stream-ordered scratch: allocated and freed on the call's stream, so nothing waits on the host
-// and the memory is reused only after the kernels that read it have run.
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "norm scratch: cudaMallocAsync");
-  }
-  ~Scratch() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename U>
-  U* as() const {
-    return static_cast<U*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers.

@@ -285,7 +285,7 @@ void per_tensor_fwd(const NormFwdArgs& a, FwdParams p, const PerTensorQuantizeAr
                     cudaStream_t stream) {
   const int64_t numel = a.rows * a.cols;
   // Only the column-wise copy asked for: the row-wise bytes it is transposed from go to scratch.
-  norm::Scratch row_copy(q.rowwise == nullptr ? static_cast<size_t>(numel) : 0, stream);
+  Scratch row_copy(q.rowwise == nullptr ? static_cast<size_t>(numel) : 0, stream, "norm scratch");
   uint8_t* rowwise = q.rowwise != nullptr ? static_cast<uint8_t*>(q.rowwise) : row_copy.as<uint8_t>();
   p.pow2 = q.force_pow2_scales;
   p.amax_epsilon = q.amax_epsilon;
@@ -295,7 +295,7 @@ void per_tensor_fwd(const NormFwdArgs& a, FwdParams p, const PerTensorQuantizeAr
       // Pass 1: stats and amax(y). mu/rsigma go to the caller's buffers, else to scratch, for
       // pass 2 to read back: the same fp32 values, so pass 2's y is pass 1's y bit for bit.
       const bool need_mu = !a.rms && a.mu == nullptr, need_rs = a.rsigma == nullptr;
-      norm::Scratch stats(sizeof(float) * static_cast<size_t>(a.rows) * (need_mu + need_rs), stream);
+      Scratch stats(sizeof(float) * static_cast<size_t>(a.rows) * (need_mu + need_rs), stream, "norm scratch");
       p.mu = need_mu ? stats.as<float>() : a.mu;
       p.rsigma = need_rs ? stats.as<float>() + (need_mu ? a.rows : 0) : a.rsigma;
       check_cuda(cudaMemsetAsync(q.amax, 0, sizeof(float), stream), "norm_fwd: cudaMemsetAsync(amax)");
@@ -340,7 +340,7 @@ void block_fwd(const NormFwdArgs& a, FwdParams p, const BlockQuantizeArgs& q, cu
   }
   // Column-wise 1-D blocks and 128x128 tiles span rows: fp32 y to scratch, then quantize_block
   // (correct by construction; slower, see the top of this file).
-  norm::Scratch y(sizeof(float) * static_cast<size_t>(a.rows * a.cols), stream);
+  Scratch y(sizeof(float) * static_cast<size_t>(a.rows * a.cols), stream, "norm scratch");
   p.out = y.as<float>();
   p.out_dtype = TE_DTYPE_FLOAT32;
   launch_fwd<kOutHigh, 0>(p, a.in_dtype, stream);

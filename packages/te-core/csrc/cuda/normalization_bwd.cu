@@ -381,7 +381,7 @@ void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layo
   if (ctas > groups) ctas = groups;
   p.rows_per_cta = ceil_div(a.rows, ctas);
   ctas = ceil_div(a.rows, p.rows_per_cta);
-  norm::Scratch part(sizeof(float) * static_cast<size_t>(ctas * a.cols) * (kDbeta ? 2 : 1), stream);
+  Scratch part(sizeof(float) * static_cast<size_t>(ctas * a.cols) * (kDbeta ? 2 : 1), stream, "norm scratch");
   p.dgamma_part = part.as<float>();
   p.dbeta_part = kDbeta ? part.as<float>() + ctas * a.cols : nullptr;
   norm_bwd_kernel<T, kChunks, kDbeta>
@@ -421,7 +421,7 @@ void generic_bwd(const NormBwdArgs& a, BwdParams p, cudaStream_t stream) {
   const int64_t parts = ceil_div(a.rows, p.rows_per_cta), col_blocks = ceil_div(a.cols, kColThreads);
   if (col_blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "norm_bwd_columns_kernel: H too large");
   const bool dbeta = a.dbeta != nullptr;
-  norm::Scratch part(sizeof(float) * static_cast<size_t>(parts * a.cols) * (dbeta ? 2 : 1), stream);
+  Scratch part(sizeof(float) * static_cast<size_t>(parts * a.cols) * (dbeta ? 2 : 1), stream, "norm scratch");
   float* dg_part = part.as<float>();
   float* db_part = dbeta ? dg_part + parts * a.cols : nullptr;
   norm_bwd_columns_kernel<TX, TD>
