@@ -12,7 +12,8 @@ those values. LayerNormMLP: 3e-2. Its FC2 input is FC1's output re-quantized to 
 result differs between the backends by the H200's FP8 tensor-core rounding (~1e-4, fast
 accumulation ~2e-3, tests/gpu/test_gemm.py), so about 0.1% of those FP8 values land one FP8 step
 (6-12%) apart: measured 0.5-1.9% normwise on the H200 (2026-11-30) for output and gradients,
-every recipe; FC1 output amaxes in the delayed-scaling state 1e-4 apart (rtol 1e-3). A scale,
+every recipe; amaxes of GEMM outputs in the delayed-scaling state apart by that rounding (more
+than 1e-3 with fast accumulation; rtol 1e-2). A scale,
 layout or copy error is an error near 1.
 """
 
@@ -122,7 +123,7 @@ def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
     gpu = copy.deepcopy(cpu).to(CUDA)
     compare(cpu, gpu, (2, 48, 256), 256, dtype, r, MLP_FP8_TOL)
     if r.delayed():
-        compare_state(gpu, cpu, rtol=1e-3)  # amaxes of FC1's output: GEMM rounding
+        compare_state(gpu, cpu, rtol=1e-2)  # amaxes of GEMM outputs: tensor-core rounding
 
 
 @pytest.mark.parametrize(
