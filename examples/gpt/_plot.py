@@ -5,6 +5,7 @@ initial loss would squash the part worth comparing."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from _png import Canvas
@@ -114,7 +115,13 @@ def write_loss_png(path: str | Path, title: str, results: list[dict]) -> str:
     if not results:
         raise ValueError("write_loss_png: results: expected at least one recipe's result, got none")
     path = Path(path)
-    if _matplotlib(path, title, results):
-        return "matplotlib"
+    try:
+        if _matplotlib(path, title, results):
+            return "matplotlib"
+    except Exception as e:  # an unattended run keeps its PNG even when matplotlib misbehaves
+        print(
+            f"write_loss_png: matplotlib failed ({type(e).__name__}: {e}); drawing it ourselves",
+            file=sys.stderr,
+        )
     _own(path, title, results)
     return "te canvas"

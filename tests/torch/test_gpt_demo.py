@@ -192,3 +192,23 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
         assert len(r["losses"]) == 3 and all(math.isfinite(v) for v in r["losses"])
         assert math.isfinite(r["held_out_loss"])
     assert (tmp_path / "gpt_cpu-small.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_reports_a_failing_recipe_and_goes_on(tmp_path, capsys, monkeypatch):
+    tiny = Preset("cpu-small", TINY, batch=2, steps=3, eval_windows=2, timing_skip=1)
+    monkeypatch.setitem(demo.PRESETS, "cpu-small", tiny)
+    real_train = demo.train
+
+    def train_or_fail(p, name, corpus, device):
+        if name == "delayed":
+            raise RuntimeError("injected failure")
+        return real_train(p, name, corpus, device, show_progress=False)
+
+    monkeypatch.setattr(demo, "train", train_or_fail)
+    rc = demo.main(["--device", "cpu", "--recipes", "delayed,current", "--out", str(tmp_path)])
+    assert rc == 1
+    assert "delayed  failed: RuntimeError: injected failure" in capsys.readouterr().out
+    results = json.loads((tmp_path / "gpt_cpu-small.json").read_text())["results"]
+    assert results[0]["error"] == "RuntimeError: injected failure" and "losses" not in results[0]
+    assert len(results[1]["losses"]) == 3
+    assert (tmp_path / "gpt_cpu-small.png").exists()
