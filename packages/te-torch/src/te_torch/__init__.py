@@ -11,6 +11,8 @@ This slice provides TE's quantizers and quantized tensors:
   TE's GEMM modules, quantized inside an autocast region with DelayedScaling,
   Float8CurrentScaling or Float8BlockScaling (the norm and activation kernels write the next
   GEMM's FP8 input directly);
+- ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold FP8 weights
+  only (train them with fp32 master weights; see its docstring);
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
@@ -20,8 +22,10 @@ This slice provides TE's quantizers and quantized tensors:
 Everything not listed in ``__all__`` is private.
 """
 
+import torch as _torch
 from te_core import recipe as recipe
 
+from te_torch import _blockwise_tensor, _float8_tensor
 from te_torch import _ops as _ops  # registers torch.ops.te.*
 from te_torch import functional as functional
 from te_torch._autocast import autocast as autocast
@@ -36,6 +40,8 @@ from te_torch._float8_tensor import Float8Tensor as Float8Tensor
 from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
 from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
+from te_torch._model_init import fp8_model_init as fp8_model_init
+from te_torch._model_init import quantized_model_init as quantized_model_init
 from te_torch._norm import LayerNorm as LayerNorm
 from te_torch._norm import RMSNorm as RMSNorm
 from te_torch._quantized_tensor import QuantizedTensor as QuantizedTensor
@@ -63,9 +69,17 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "fp8_autocast",
+    "quantized_model_init",
+    "fp8_model_init",
     "is_fp8_available",
     "is_fp8_block_scaling_available",
     "is_mxfp8_available",
     "is_nvfp4_available",
     "get_default_recipe",
 ]
+
+# torch.load(..., weights_only=True) may rebuild te's quantized tensors (quantized_model_init
+# checkpoints): their pickles call these functions with plain tensors, dtypes and shapes only.
+_torch.serialization.add_safe_globals(
+    [_float8_tensor._rebuild_float8_tensor, _blockwise_tensor._rebuild_blockwise_tensor]
+)

@@ -21,6 +21,8 @@ import torch
 from te_core.recipe import Format
 
 from te_torch import _autocast
+from te_torch._model_init import check_stored_weight
+from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
 from te_torch._recipe_state import DelayedState, recipe_key
 
@@ -70,6 +72,7 @@ class FP8Context:
         "weight_cache",
         "weight_operand_cache",
         "device",
+        "owner",
     )
 
     def __init__(
@@ -82,6 +85,7 @@ class FP8Context:
         owner: str = "te.Linear",
     ) -> None:
         self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
+        self.owner = owner
         self.delayed = recipe.delayed()
         self.weight_cache = self.weight_operand_cache = None
         self.fwd_key = self.bwd_key = None
@@ -128,7 +132,11 @@ class FP8Context:
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
         """The quantized weight: fresh (``first`` None: with the column-wise copy only when
-        dgrad needs it), quantized and cached (``first`` True, or no cache yet), or the cache."""
+        dgrad needs it), quantized and cached (``first`` True, or no cache yet), or the cache.
+        A weight stored quantized (``te.quantized_model_init``) is used as it is."""
+        if isinstance(weight, QuantizedTensor):
+            check_stored_weight(weight, self.recipe, need_columnwise, self.owner)
+            return weight
         if first is None:
             return self.w_q[2 + need_columnwise](weight)
         if first or self.weight_cache is None:
@@ -137,6 +145,8 @@ class FP8Context:
 
     def weight_operand(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool) -> tuple:
         """``weight()`` as te_gemm's operand tuple (Quantizer._operand), for te.Linear's lean path."""
+        if isinstance(weight, QuantizedTensor):
+            return check_stored_weight(weight, self.recipe, need_columnwise, self.owner)
         if first is None:
             return self.w_q[2 + need_columnwise]._operand(weight)
         if first or self.weight_operand_cache is None:

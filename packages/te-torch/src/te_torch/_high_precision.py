@@ -3,7 +3,9 @@ te.RMSNorm always): te's norm and activation kernels as autograd Functions, and 
 
 The GEMM is torch's own F.linear (on CPU, MKL beats te's reference GEMM; te's CUDA GEMM will take
 over there once it is on by default), except that ``fuse_wgrad_accumulation`` sends the weight
-gradient into ``weight.main_grad``, as TE does outside FP8 too.
+gradient into ``weight.main_grad``, as TE does outside FP8 too. A quantized weight (from
+``te.quantized_model_init``) is dequantized into the input's dtype; its gradient comes back in the
+weight's nominal dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from te_torch import _fused
+from te_torch._quantized_tensor import QuantizedTensor
 
 
 class MainGradLinear(torch.autograd.Function):
@@ -20,7 +23,10 @@ class MainGradLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inp, weight, bias):
-        w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
+        if isinstance(weight, QuantizedTensor):
+            w = weight.dequantize(inp.dtype)
+        else:
+            w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
         ctx.save_for_backward(inp, w)
         ctx.weight = weight
         ctx.has_bias = bias is not None
@@ -48,6 +54,20 @@ def accumulate_main_grad(weight: torch.Tensor, dw: torch.Tensor) -> None:
         weight.grad_added_to_main_grad = True
 
 
+class DequantizeFn(torch.autograd.Function):
+    """A quantized weight as a plain ``dtype`` tensor; the gradient passes through to it in its
+    nominal dtype."""
+
+    @staticmethod
+    def forward(ctx, weight, dtype):
+        ctx.w_dtype = weight.dtype
+        return weight.dequantize(dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.to(ctx.w_dtype), None
+
+
 def linear(
     inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fuse_wgrad: bool
 ) -> torch.Tensor:
@@ -56,6 +76,8 @@ def linear(
         bias = bias.to(inp.dtype)
     if fuse_wgrad and weight.requires_grad and torch.is_grad_enabled():
         return MainGradLinear.apply(inp, weight, bias)
+    if isinstance(weight, QuantizedTensor):
+        return F.linear(inp, DequantizeFn.apply(weight, inp.dtype), bias)
     w = weight if weight.dtype == inp.dtype else weight.to(inp.dtype)
     return F.linear(inp, w, bias)
 

@@ -16,6 +16,7 @@ from te_torch._gemm_state import GemmState
 from te_torch._high_precision import linear, norm
 from te_torch._layernorm_linear_fn import LayerNormLinearFn
 from te_torch._linear import linear_params, register_linear_params, reset_linear_params
+from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
     UNSUPPORTED_KWARGS,
@@ -108,6 +109,7 @@ class LayerNormLinear(QuantizedModule):
         self._gemm = GemmState("te.LayerNormLinear")
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
+        quantize_module_weights(self, self._weight_names, "LayerNormLinear", self._split)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         """Norm weight ones (zeros with zero_centered_gamma) and bias zeros; weight from

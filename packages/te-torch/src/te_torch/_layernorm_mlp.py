@@ -22,6 +22,7 @@ from te_torch._availability import default_device
 from te_torch._gemm_state import GemmState
 from te_torch._high_precision import activation, linear, norm
 from te_torch._layernorm_mlp_fn import LayerNormMLPFn
+from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
     UNSUPPORTED_KWARGS,
@@ -145,6 +146,7 @@ class LayerNormMLP(QuantizedModule):
         self._fc1, self._fc2 = GemmState("te.LayerNormMLP"), GemmState("te.LayerNormMLP")
         self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
         self.reset_parameters()
+        quantize_module_weights(self, ("fc1_weight", "fc2_weight"), "LayerNormMLP", None)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         """Norm weight ones (zeros with zero_centered_gamma), norm bias zeros; FC weights from

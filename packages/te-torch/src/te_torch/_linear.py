@@ -23,6 +23,7 @@ from te_torch._availability import default_device
 from te_torch._gemm_state import GemmState
 from te_torch._high_precision import linear
 from te_torch._linear_fn import LinearFn
+from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
     QuantizedModule,
@@ -144,6 +145,7 @@ class Linear(QuantizedModule):
         self._gemm = GemmState("te.Linear")
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
+        quantize_module_weights(self, self._weight_names, "Linear", self._split)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         """Weight from ``init_method`` (default normal(0, 0.023)), bias zero."""
