@@ -80,6 +80,7 @@ __all__ = [
 
 # torch.load(..., weights_only=True) may rebuild te's quantized tensors (quantized_model_init
 # checkpoints): their pickles call these functions with plain tensors, dtypes and shapes only.
-_torch.serialization.add_safe_globals(
-    [_float8_tensor._rebuild_float8_tensor, _blockwise_tensor._rebuild_blockwise_tensor]
-)
+if hasattr(_torch.serialization, "add_safe_globals"):  # torch >= 2.4
+    _torch.serialization.add_safe_globals(
+        [_float8_tensor._rebuild_float8_tensor, _blockwise_tensor._rebuild_blockwise_tensor]
+    )
