@@ -235,7 +235,7 @@ def test_availability_and_default_recipe_on_cpu():
     assert ok is True and "CPU emulation" in why
     assert te.is_fp8_block_scaling_available() is True
     ok, why = te.is_mxfp8_available(return_reason=True)
-    assert ok is False and "no MXFP8 quantization yet" in why
+    assert ok is False and "do not run MXFP8 yet" in why
     assert te.is_nvfp4_available() is False
     r, why = te.get_default_recipe(return_reason=True)
     assert isinstance(r, recipe.Float8CurrentScaling) and "CPU" in why

@@ -239,7 +239,7 @@ def test_bad_inputs_say_what_to_do():
             te.autocast(recipe=r),
             pytest.raises(
                 NotImplementedError,
-                match=f"{type(r).__name__} is not supported yet: te-core has no MXFP8 / NVFP4 quantization",
+                match=f"{type(r).__name__} is not supported yet: te-core quantizes MXFP8 / NVFP4",
             ),
         ):
             m(torch.randn(4, 64))

@@ -3,7 +3,7 @@
 te has two backends. On a CUDA GPU a recipe is available when the silicon has the format (TE's
 checks, TE_REFERENCE.md §2.7). Without a usable GPU, te's CPU backend emulates every per-tensor
 and block FP8 recipe bit-exactly (slowly), so those report available, with a reason saying it is
-emulation. MXFP8 and NVFP4 are not available anywhere yet: te-core has no quantization for them.
+emulation. MXFP8 and NVFP4 are not available to te_torch's modules yet (te-core has them).
 
 Every function takes ``return_reason`` (TE's keyword): with it, returns ``(bool, reason)``.
 Answers are computed once per process (the hardware does not change).
@@ -26,8 +26,9 @@ __all__ = [
 ]
 
 _NO_MX = (
-    "te-core has no {} quantization yet (planned); use Float8CurrentScaling, DelayedScaling or "
-    "Float8BlockScaling"
+    "te_torch's modules do not run {} yet (te-core quantizes it and runs its GEMMs by block "
+    "dequantization; the Blackwell-native path is not written); use Float8CurrentScaling, "
+    "DelayedScaling or Float8BlockScaling"
 )
 
 
@@ -90,12 +91,12 @@ def is_fp8_block_scaling_available(return_reason: bool = False):
 
 
 def is_mxfp8_available(return_reason: bool = False):
-    """Always False for now: te-core has no MXFP8 quantization yet."""
+    """Always False for now: te_torch's modules do not run MXFP8 yet."""
     return _answer(False, _NO_MX.format("MXFP8"), return_reason)
 
 
 def is_nvfp4_available(return_reason: bool = False):
-    """Always False for now: te-core has no NVFP4 quantization yet."""
+    """Always False for now: te_torch's modules do not run NVFP4 yet."""
     return _answer(False, _NO_MX.format("NVFP4"), return_reason)
 
 

@@ -124,9 +124,10 @@ class FP8Context:
             self.split = _splits(recipe)
         else:
             raise NotImplementedError(
-                f"{owner}: {type(recipe).__name__} is not supported yet: te-core has no "
-                "MXFP8 / NVFP4 quantization (or custom quantizer factories) yet. Use "
-                "DelayedScaling, Float8CurrentScaling or Float8BlockScaling"
+                f"{owner}: {type(recipe).__name__} is not supported yet: te-core quantizes MXFP8 / "
+                "NVFP4 (te_quantize; te_gemm by block dequantization) but te_torch's modules do not "
+                "use them yet, nor custom quantizer factories. Use DelayedScaling, "
+                "Float8CurrentScaling or Float8BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
 
