@@ -60,6 +60,20 @@ class _Static:
     b_dtype: np.dtype | None
 
 
+def check_dense_blocks(plan: Plan, lay: Layout, x_shape, kernel_shape) -> None:
+    """check_blocks for a dense layer's x [..., K], kernel [K, N] and gradient dy [..., N]."""
+    xs, ks = lay.specs[0], lay.specs[1]
+    _op_common.check_blocks(
+        plan,
+        lay,
+        [
+            ("x", x_shape, xs, True),
+            ("kernel", kernel_shape, ks, False),
+            ("dy", x_shape[:-1] + (kernel_shape[1],), xs[:-1] + ks[1:], True),
+        ],
+    )
+
+
 def dense_axes(lay: Layout, x_ndim: int, name_x="input_spec", name_k="kernel_spec") -> LinearAxes:
     """A linear layer's LinearAxes from its layout's (x, kernel) spec entries, checked."""
     xs, ks = lay.specs[0], lay.specs[1]
@@ -139,15 +153,7 @@ def dense(
     lay = _sharding.layout([(x.shape, input_spec, "input_spec"), (kernel.shape, kernel_spec, "kernel_spec")])
     axes = dense_axes(lay, x.ndim)
     xs, ks = lay.specs
-    _op_common.check_blocks(
-        plan,
-        lay,
-        [
-            ("x", x.shape, xs, True),
-            ("kernel", kernel.shape, ks, False),
-            ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True),
-        ],
-    )
+    check_dense_blocks(plan, lay, x.shape, kernel.shape)
     st = _Static(
         plan=plan,
         layout=lay,

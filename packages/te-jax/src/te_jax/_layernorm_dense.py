@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from te_jax import _delayed, _op_common, _sharding
-from te_jax._dense import dense_axes, roles_of
+from te_jax._dense import check_dense_blocks, dense_axes, roles_of
 from te_jax._linear import (
     LinearAxes,
     Roles,
@@ -122,15 +122,7 @@ def layernorm_dense(
             f"input_spec: the normalized dim H may not be split (the norm reduces over it), got {P(*xs)}"
         )
     axes = dense_axes(lay, x.ndim)
-    _op_common.check_blocks(
-        plan,
-        lay,
-        [
-            ("x", x.shape, xs, True),
-            ("kernel", kernel.shape, ks, False),
-            ("dy", x.shape[:-1] + (n,), xs[:-1] + ks[1:], True),
-        ],
-    )
+    check_dense_blocks(plan, lay, x.shape, kernel.shape)
     st = _Static(
         plan=plan,
         norm=cfg,

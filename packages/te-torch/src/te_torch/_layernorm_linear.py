@@ -20,7 +20,7 @@ from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
     UNSUPPORTED_KWARGS,
-    QuantizedModule,
+    SingleGemmModule,
     bad_input,
     check_eps,
     check_normalization,
@@ -38,7 +38,7 @@ __all__ = ["LayerNormLinear"]
 _STATE = _autocast.STATE
 
 
-class LayerNormLinear(QuantizedModule):
+class LayerNormLinear(SingleGemmModule):
     """TE's ``LayerNormLinear``: ``y = norm(x) W^T + b`` for x [..., in_features].
 
     Args:
@@ -119,17 +119,6 @@ class LayerNormLinear(QuantizedModule):
         reset_norm_params(self)
         reset_linear_params(self)
         self._gemm.ctx = None
-
-    def _state_device(self) -> torch.device:
-        return getattr(self, self._weight_names[0]).device
-
-    @property
-    def _fwd_state(self):
-        return self._gemm.fwd
-
-    @property
-    def _bwd_state(self):
-        return self._gemm.bwd
 
     def extra_repr(self) -> str:
         return (

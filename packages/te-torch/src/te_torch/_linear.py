@@ -26,7 +26,7 @@ from te_torch._linear_fn import LinearFn
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
-    QuantizedModule,
+    SingleGemmModule,
     bad_input,
     check_params_dtype,
     check_size,
@@ -81,7 +81,7 @@ def reset_linear_params(module) -> None:
                 b.zero_()
 
 
-class Linear(QuantizedModule):
+class Linear(SingleGemmModule):
     """TE's ``Linear``: ``y = x W^T + b`` for x [..., in_features] -> [..., out_features].
 
     Args:
@@ -153,17 +153,6 @@ class Linear(QuantizedModule):
             return
         reset_linear_params(self)
         self._gemm.ctx = None
-
-    def _state_device(self) -> torch.device:
-        return getattr(self, self._weight_names[0]).device
-
-    @property
-    def _fwd_state(self):
-        return self._gemm.fwd
-
-    @property
-    def _bwd_state(self):
-        return self._gemm.bwd
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

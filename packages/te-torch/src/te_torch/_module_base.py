@@ -165,6 +165,25 @@ class QuantizedModule(torch.nn.Module):
             g.load(state.get(name, {}), dev, f"_extra_state[{name!r}]")
 
 
+class SingleGemmModule(QuantizedModule):
+    """A module with one quantized GEMM, ``self._gemm`` (te.Linear, te.LayerNormLinear): its
+    recipe state lives on the device of its (first) weight."""
+
+    _gemm: GemmState
+    _weight_names: tuple[str, ...]
+
+    def _state_device(self) -> torch.device:
+        return getattr(self, self._weight_names[0]).device
+
+    @property
+    def _fwd_state(self):
+        return self._gemm.fwd
+
+    @property
+    def _bwd_state(self):
+        return self._gemm.bwd
+
+
 _NORMALIZATIONS = {"LayerNorm": False, "RMSNorm": True}
 
 
