@@ -64,13 +64,9 @@ std::vector<int64_t> shape_of(const te_tensor& t) {
 
 te_tensor or_absent(const std::optional<te_tensor>& t) { return t ? *t : te_tensor{}; }
 
-void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+}  // namespace
 
-// ---- flat entry points (DESIGN.md "The hot path") ------------------------------------------------
-// The *_flat functions take plain ints and tuples and build the te_tensor structs on the C++
-// stack, so a call makes no descriptor objects. Only type conversion happens here; the C API
-// validates. A tensor argument ("spec") is None (absent), a te_core._C.Tensor, or a tuple
-// (ptr, dtype, shape, device) with device -1 for the CPU, else the CUDA ordinal.
+// ---- flat entry points (DESIGN.md "The hot path"; bindings.h says what a spec is) -------------
 
 void fill_shape(te_tensor& t, py::handle shape, const char* arg) {
   PyObject* s = shape.ptr();
@@ -112,6 +108,8 @@ te_device device_of(int64_t device) {
                     : te_device{TE_DEVICE_CUDA, static_cast<int32_t>(device)};
 }
 
+namespace {
+
 [[noreturn]] void bad_spec(const char* arg, py::handle h) {
   throw py::type_error(std::string(arg) +
                        ": expected None, a Tensor or a (ptr: int, dtype: int, shape: tuple, "
@@ -136,7 +134,8 @@ int64_t as_int(PyObject* o, const char* arg, py::handle h) {
   return v;
 }
 
-// A tensor spec (see above) as a te_tensor; None gives the zeroed (absent) descriptor.
+}  // namespace
+
 te_tensor spec(py::handle h, const char* arg) {
   te_tensor t{};
   PyObject* o = h.ptr();
@@ -152,6 +151,8 @@ te_tensor spec(py::handle h, const char* arg) {
   if (!py::isinstance<te_tensor>(h)) bad_spec(arg, h);
   return h.cast<const te_tensor&>();
 }
+
+namespace {
 
 // A dense tensor of one of the quantize outputs: absent when ``shape`` is None.
 te_tensor part(uintptr_t ptr, int32_t dtype, py::handle shape, te_device device, const char* arg) {
@@ -180,15 +181,6 @@ te_quantized_tensor quantized(int32_t mode, py::handle rd, py::handle rs, py::ha
 
 void require_none(py::handle h, const char* arg, const char* why) {
   if (!h.is_none()) throw py::value_error(std::string(arg) + ": expected None " + why);
-}
-
-// Runs a C call without the GIL, after every argument is converted: CPU kernels run on this
-// thread and can be long. Measured: releasing costs ~50 ns a call (pybind11 call_guard, 2-core
-// dev machine), against ~1.2 us for the whole call at tiny sizes, so CUDA calls release it too.
-template <class F>
-te_status without_gil(F&& f) {
-  py::gil_scoped_release release;
-  return f();
 }
 
 }  // namespace
@@ -316,7 +308,30 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("with_2d_quantization", &te_quant_config::with_2d_quantization)
       .def_readwrite("stochastic_rounding", &te_quant_config::stochastic_rounding)
       .def_readwrite("rng_seed", &te_quant_config::rng_seed)
-      .def_readwrite("rng_offset", &te_quant_config::rng_offset);
+      .def_readwrite("rng_offset", &te_quant_config::rng_offset)
+      // A value type: picklable, so modules holding quantizers can be deep-copied.
+      .def(py::pickle(
+          [](const te_quant_config& c) {
+            return py::make_tuple(static_cast<bool>(c.compute_scale),
+                                  static_cast<bool>(c.use_existing_amax),
+                                  static_cast<bool>(c.force_pow2_scales), c.amax_epsilon,
+                                  static_cast<bool>(c.with_2d_quantization),
+                                  static_cast<bool>(c.stochastic_rounding), c.rng_seed,
+                                  c.rng_offset);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 8) throw py::value_error("QuantConfig state: expected 8 fields");
+            te_quant_config c = te_quant_config_init();
+            c.compute_scale = t[0].cast<bool>();
+            c.use_existing_amax = t[1].cast<bool>();
+            c.force_pow2_scales = t[2].cast<bool>();
+            c.amax_epsilon = t[3].cast<float>();
+            c.with_2d_quantization = t[4].cast<bool>();
+            c.stochastic_rounding = t[5].cast<bool>();
+            c.rng_seed = t[6].cast<uint64_t>();
+            c.rng_offset = t[7].cast<uint64_t>();
+            return c;
+          }));
 
   py::enum_<te_gemm_epilogue>(m, "Epilogue")
       .value("DEFAULT", TE_EPILOGUE_DEFAULT)
@@ -766,4 +781,5 @@ PYBIND11_MODULE(_C, m) {
   });
 
   register_xla_ffi(m);
+  register_linear_step(m);
 }

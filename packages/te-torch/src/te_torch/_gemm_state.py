@@ -21,6 +21,8 @@ import torch
 from te_core.recipe import Format
 
 from te_torch import _autocast
+from te_torch._dtypes import TE_DTYPE
+from te_torch._linear_step import packed
 from te_torch._model_init import check_stored_weight
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
@@ -71,6 +73,8 @@ class FP8Context:
         "bwd_key",
         "weight_cache",
         "weight_operand_cache",
+        "weight_packed_cache",
+        "packed_ok",
         "device",
         "owner",
     )
@@ -87,7 +91,7 @@ class FP8Context:
         self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
         self.owner = owner
         self.delayed = recipe.delayed()
-        self.weight_cache = self.weight_operand_cache = None
+        self.weight_cache = self.weight_operand_cache = self.weight_packed_cache = None
         self.fwd_key = self.bwd_key = None
         if self.delayed:
             fdt, bdt = _dtypes(recipe.fp8_format)
@@ -130,6 +134,8 @@ class FP8Context:
                 "Float8CurrentScaling or Float8BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
+        # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
+        self.packed_ok = all(q[3]._flat() is not None for q in (self.x_q, self.w_q, self.g_q))
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
         """The quantized weight: fresh (``first`` None: with the column-wise copy only when
@@ -153,6 +159,24 @@ class FP8Context:
         if first or self.weight_operand_cache is None:
             self.weight_operand_cache = self.w_q[3]._operand(weight)
         return self.weight_operand_cache
+
+    def packed_weight(self, weight: torch.Tensor, first: bool) -> tuple:
+        """te.Linear's eager step (_linear_step) with ``is_first_microbatch`` set: (forward
+        operand, backward operand, buffer). First (or no cache yet): quantize ``weight`` with
+        both copies into a new packed buffer, as part of this call's forward; else the cached
+        copies. A new buffer each time, so a backward still pending reads the copies its
+        forward used."""
+        cache = self.weight_packed_cache
+        if first or cache is None:
+            wq = self.w_q[3]._flat()
+            wr, wc = packed(wq[0], wq[1], weight.shape)
+            buf = torch.empty(wr + wc, dtype=torch.uint8, device=weight.device)
+            bp, dev = buf.data_ptr(), weight.get_device()
+            src = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
+            bwd = (1, wq[0], wq[1], weight.shape, dev, 0, bp + wr)
+            self.weight_packed_cache = cache = ((1, wq[0], wq[1], weight.shape, dev, bp, bp + wr), bwd, buf)
+            return (0, src, wq, bp, bp + wr), bwd, buf
+        return cache
 
     def register_forward(self) -> None:
         if self.delayed:

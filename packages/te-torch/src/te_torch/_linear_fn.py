@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 from te_core import _C
 
-from te_torch import _fused
+from te_torch import _fused, _linear_step
 from te_torch._gemm_state import FP8Context
+from te_torch._quantized_tensor import is_eager
 from te_torch.functional import _gemm, gemm_wgrad
 
 
@@ -86,12 +87,16 @@ def _split(flag) -> int:
 class LinearFn(torch.autograd.Function):
     """y = x w^T + b with quantized GEMMs; see the module docstring.
 
-    The hot path of every FP8 step: operands travel as te_gemm operand tuples (Quantizer._operand)
-    straight into functional._gemm, so no quantized-tensor object is built and no argument is
-    re-checked that te_gemm checks anyway."""
+    Eagerly (the hot path of every FP8 step) each direction is one fused call into te_core._C
+    (_linear_step). Traced (torch.compile), or for formats those calls do not take, operands travel
+    as te_gemm operand tuples (Quantizer._operand) through the registered ops, so no
+    quantized-tensor object is built and no argument is re-checked that te_gemm checks anyway."""
 
     @staticmethod
     def forward(ctx, inp, weight, bias, c: FP8Context, first, fuse_wgrad: bool):
+        if c.packed_ok and is_eager(inp):
+            return _linear_step.forward(ctx, inp, weight, bias, c, first, fuse_wgrad)
+        ctx.packed = False
         need_dx, need_dw = inp.requires_grad, weight.requires_grad
         xq = c.x_q[2 + need_dw]._operand(inp)
         wq = c.weight_operand(weight, first, need_dx)
@@ -119,6 +124,10 @@ class LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         c = ctx.c
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if ctx.packed:
+            if need_dx or need_dw:
+                return (*_linear_step.backward(ctx, dy, need_dx, need_dw, need_db), None, None, None)
+            return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None
         xcd, xcs, wcd, wcs = ctx.saved_tensors
         x_mode, w_mode = ctx.modes
         dx = dw = db = None

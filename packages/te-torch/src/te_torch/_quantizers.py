@@ -16,7 +16,7 @@ from te_core import _C
 
 from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
-from te_torch._dtypes import check_fp8_dtype
+from te_torch._dtypes import TE_DTYPE, check_fp8_dtype
 from te_torch._float8_tensor import Float8Tensor
 from te_torch._fused_kernels import QuantSpec
 from te_torch._ops import quant_config
@@ -46,6 +46,9 @@ class _CachedDesc:
     def __init__(self) -> None:
         self.ptr = -1
         self.desc = None
+
+    def __deepcopy__(self, memo) -> _CachedDesc:
+        return _CachedDesc()  # a copy's buffers live elsewhere: rebuilt on first use
 
     def get(self, t: torch.Tensor) -> _C.Tensor:
         ptr = t.data_ptr()
@@ -131,6 +134,12 @@ class Quantizer:
         """Quantizes ``src`` (broadcast to ``dst.shape``) into ``dst``'s buffers, in place."""
         raise NotImplementedError
 
+    def _flat(self) -> tuple | None:
+        """(mode, te fp8 dtype, QuantConfig, amax, scale) as te_core._C.linear_fwd / linear_bwd
+        take a quantization (csrc/python/linear_step.cpp), or None where those fused steps do not
+        apply (formats with more state than that: MXFP8 / NVFP4)."""
+        return None
+
     def _fused_spec(self, eager: bool = True) -> QuantSpec:
         """How a fused op (norm, activation, dbias) quantizes its output as this quantizer would.
         ``eager`` False (tracing): no cached descriptors (they read data pointers)."""
@@ -200,6 +209,15 @@ class _PerTensorQuantizer(Quantizer):
     def _run4(self, tensor: torch.Tensor) -> tuple:
         data, scale_inv, transpose = self._run(tensor)
         return data, scale_inv, transpose, scale_inv
+
+    def _flat(self) -> tuple:
+        return (
+            _PER_TENSOR,
+            TE_DTYPE[self.dtype],
+            self._config,
+            self._amax_desc.get(self.amax),
+            self._scale_desc.get(self.scale),
+        )
 
     def _parts_operand(self, rd, rs, cd, cs) -> tuple:
         row, col = self.rowwise_usage, self.columnwise_usage
@@ -474,6 +492,9 @@ class Float8BlockQuantizer(Quantizer):
 
     def _run4(self, tensor: torch.Tensor) -> tuple:
         return self._run(tensor)
+
+    def _flat(self) -> tuple:
+        return self._mode, TE_DTYPE[self.dtype], self._config, None, None
 
     def _parts_operand(self, rd, rs, cd, cs) -> tuple:
         row, col = self.rowwise_usage, self.columnwise_usage

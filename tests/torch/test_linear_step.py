@@ -1,0 +1,211 @@
+"""te.Linear's fused eager step (te_torch._linear_step over te_core._C.linear_fwd / linear_bwd)
+against the unfused path (quantize and GEMM ops one by one, what torch.compile traces).
+
+Both run the same te_quantize / te_dbias_quantize / te_gemm calls, so every output, gradient and
+delayed-scaling state must agree bit for bit; the numerics themselves are checked against fp32
+references in test_linear.py. Also: the packed-buffer sizes, and errors of the _C entry points.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import te_torch as te
+import torch
+from te_core import _C
+from te_torch import _linear_step
+from te_torch._dtypes import TE_DTYPE
+
+RECIPES = {
+    "delayed": lambda: te.recipe.DelayedScaling(amax_history_len=4),
+    "current": te.recipe.Float8CurrentScaling,
+    "block": te.recipe.Float8BlockScaling,
+}
+
+
+def _run(m, x, dy, recipe, unfused: bool, **fwd):
+    m._gemm.context(recipe, None, m.weight.device).packed_ok = not unfused
+    with te.autocast(recipe=recipe):
+        y = m(x, **fwd)
+    y.backward(dy)
+    return y
+
+
+def _grads(m, x):
+    out = [x.grad]
+    for p in m.parameters():
+        out.append(getattr(p, "main_grad", None) if hasattr(p, "main_grad") else p.grad)
+    return out
+
+
+def _pair(make, recipe_name):
+    torch.manual_seed(0)
+    a = make()
+    b = copy.deepcopy(a)
+    return a, b, RECIPES[recipe_name]()
+
+
+def _assert_same(got, want):
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None
+        else:
+            assert torch.equal(g, w), (g - w).abs().max()
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_fused_step_matches_unfused(recipe_name, dtype, bias, x_grad):
+    a, b, recipe = _pair(lambda: te.Linear(128, 80, bias=bias, params_dtype=dtype, device="cpu"), recipe_name)
+    xs = [torch.randn(3, 7, 128, dtype=dtype) for _ in range(3)]
+    dys = [torch.randn(3, 7, 80, dtype=dtype) for _ in range(3)]
+    for step in range(3):  # delayed scaling: steps 2 and 3 use the scales the first produced
+        xa = xs[step].clone().requires_grad_(x_grad)
+        xb = xs[step].clone().requires_grad_(x_grad)
+        ya = _run(a, xa, dys[step], recipe, unfused=False)
+        yb = _run(b, xb, dys[step], recipe, unfused=True)
+        assert a._gemm.ctx.packed_ok and not b._gemm.ctx.packed_ok
+        assert torch.equal(ya, yb)
+        _assert_same(_grads(a, xa), _grads(b, xb))
+    sa, sb = a.state_dict(), b.state_dict()
+    for key, value in sa["_extra_state"].items():
+        assert torch.equal(value, sb["_extra_state"][key]), key
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_frozen_weight_and_microbatch_cache(recipe_name):
+    # A frozen weight (no wgrad: x's column-wise copy is not made) and is_first_microbatch's
+    # cached weight: True quantizes and caches, False reuses the cache, even after the weight
+    # changed (the caller's promise), until the next True.
+    a, b, recipe = _pair(lambda: te.Linear(64, 48, params_dtype=torch.float32, device="cpu"), recipe_name)
+    a.bias.requires_grad_(False)
+    b.bias.requires_grad_(False)
+    for first in (True, False, False, True):
+        x = torch.randn(5, 64)
+        dy = torch.randn(5, 48)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya = _run(a, xa, dy, recipe, unfused=False, is_first_microbatch=first)
+        yb = _run(b, xb, dy, recipe, unfused=True, is_first_microbatch=first)
+        assert torch.equal(ya, yb)
+        _assert_same(_grads(a, xa), _grads(b, xb))
+        with torch.no_grad():
+            a.weight.mul_(1.5)
+            b.weight.mul_(1.5)
+    for m in (a, b):
+        m.weight.requires_grad_(False)
+    x = torch.randn(5, 64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya = _run(a, xa, torch.ones(5, 48), recipe, unfused=False)
+    yb = _run(b, xb, torch.ones(5, 48), recipe, unfused=True)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+    assert a.weight.grad is not None  # from the steps before it was frozen, unchanged since
+    assert torch.equal(a.weight.grad, b.weight.grad)
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_main_grad_accumulation(recipe_name, overwrite):
+    a, b, recipe = _pair(
+        lambda: te.Linear(64, 32, fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16, device="cpu"),
+        recipe_name,
+    )
+    start = torch.randn(32, 64)
+    for m in (a, b):  # deepcopy does not carry a Parameter's extra attributes
+        m.weight.main_grad = start.clone()
+        if overwrite:
+            m.weight.overwrite_main_grad = True
+        m.weight.grad_added_to_main_grad = False
+    before = a.weight.main_grad.clone()
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    dy = torch.randn(6, 32, dtype=torch.bfloat16)
+    _run(a, x, dy, recipe, unfused=False)
+    _run(b, x, dy, recipe, unfused=True)
+    assert torch.equal(a.weight.main_grad, b.weight.main_grad)
+    assert a.weight.grad is None and a.weight.grad_added_to_main_grad
+    assert not torch.equal(a.weight.main_grad, before)
+
+
+@pytest.mark.parametrize("recipe_name", ["delayed", "block"])
+def test_stored_quantized_weight(recipe_name):
+    recipe = RECIPES[recipe_name]()
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=recipe):
+        a = te.Linear(128, 64, params_dtype=torch.float32, device="cpu")
+    b = copy.deepcopy(a)
+    x = torch.randn(4, 128)
+    dy = torch.randn(4, 64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya = _run(a, xa, dy, recipe, unfused=False)
+    yb = _run(b, xb, dy, recipe, unfused=True)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+    assert torch.equal(a.weight.grad, b.weight.grad)
+
+
+@pytest.mark.parametrize(
+    "mode, shape",
+    [
+        (int(_C.ScalingMode.PER_TENSOR), (3, 7, 80)),
+        (int(_C.ScalingMode.BLOCK_1D), (300, 130)),
+        (int(_C.ScalingMode.BLOCK_2D), (300, 130)),
+    ],
+)
+def test_packed_bytes(mode, shape):
+    # Each packed copy: data, then its scale_inv from the next 256-byte boundary.
+    fp8 = TE_DTYPE[torch.float8_e4m3fn]
+    row, col = _C.packed_bytes(mode, fp8, shape)
+    m = 1
+    for d in shape[:-1]:
+        m *= d
+    k = shape[-1]
+    numel = m * k
+    aligned = (numel + 255) // 256 * 256
+    if mode == int(_C.ScalingMode.PER_TENSOR):
+        assert (row, col) == (aligned + 4, aligned + 4)
+    elif mode == int(_C.ScalingMode.BLOCK_1D):
+        assert row == aligned + 4 * ((k + 127) // 128) * ((m + 3) // 4 * 4)
+        assert col == aligned + 4 * ((m + 127) // 128) * ((k + 3) // 4 * 4)
+    else:
+        assert row == aligned + 4 * ((m + 127) // 128) * (((k + 127) // 128 + 3) // 4 * 4)
+        assert col == aligned + 4 * ((k + 127) // 128) * (((m + 127) // 128 + 3) // 4 * 4)
+    assert _linear_step.packed(mode, fp8, torch.Size(shape)) == (
+        (row + 255) // 256 * 256,
+        (col + 255) // 256 * 256,
+    )
+
+
+def test_entry_point_errors():
+    x = torch.randn(4, 16)
+    out = torch.empty(4, 8)
+    cfg = _C.GemmConfig(False, True, 1.0, 0.0, 0)
+    with pytest.raises(TypeError, match="x: expected an operand tuple"):
+        _C.linear_fwd("nope", (2, 0, None, None, None, None), None, None, cfg, 0)
+    with pytest.raises(TypeError, match=r"w: expected \(0, src, quant, row, col\)"):
+        _C.linear_fwd((2, 0, None, None, None, None), (7, 1), None, None, cfg, 0)
+    with pytest.raises(TypeError, match="config: expected a GemmConfig"):
+        _C.linear_fwd((2, 0, None, None, None, None), (2, 0, None, None, None, None), None, None, None, 0)
+    with pytest.raises(ValueError, match="dy: expected a kind-0"):
+        _C.linear_bwd((2, 0, None, None, None, None), None, None, None, None, None, None, None, 0)
+    # A high-precision GEMM through the same entry point: C's checks name te_gemm's arguments.
+    spec = lambda t: (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, -1)  # noqa: E731
+    w = torch.randn(8, 16)
+    _C.linear_fwd(
+        (2, 0, spec(x), None, None, None), (2, 0, spec(w), None, None, None), None, spec(out), cfg, 0
+    )
+    assert torch.allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError):
+        _C.linear_fwd(
+            (2, 0, spec(x), None, None, None), (2, 0, spec(x), None, None, None), None, spec(out), cfg, 0
+        )
+
+
+def test_main_grad_dtype_error():
+    m = te.Linear(32, 16, fuse_wgrad_accumulation=True, device="cpu")
+    m.weight.main_grad = torch.zeros(16, 32, dtype=torch.bfloat16)
+    x = torch.randn(4, 32)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = m(x)
+    with pytest.raises(ValueError, match="weight.main_grad: expected a contiguous fp32 tensor"):
+        y.sum().backward()
