@@ -3,6 +3,7 @@ read the stored weight (against fp32 math on the dequantized operands), gradient
 dtype, the fp32 master-weights training recipe against the same model trained normally, state_dict
 round trips, and the errors."""
 
+import copy
 import io
 
 import pytest
@@ -318,3 +319,23 @@ def test_bad_inputs_say_what_to_do():
     with te.autocast(recipe=recipe.DelayedScaling()):  # inference needs the row-wise copy only
         y = per_tensor(x.detach())
     assert y.shape == (4, 128)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_deepcopy_gives_an_independent_equal_model(name):
+    # Users deep-copy models (EMA weights, checkpoint averaging): the stored quantized weight and
+    # its quantizer (te_core._C.QuantConfig, cached descriptors) must copy, into new buffers.
+    r = RECIPES[name]()
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=r):
+        m = te.Linear(128, 64, device="cpu")
+    c = copy.deepcopy(m)
+    assert type(c.weight) is type(m.weight)
+    assert torch.equal(c.weight.dequantize(), m.weight.dequantize())
+    x = torch.randn(4, 128)
+    with te.autocast(recipe=r):
+        y, yc = m(x), c(x)
+    assert torch.equal(y, yc)
+    with torch.no_grad():
+        c.weight.copy_(torch.zeros(64, 128))
+    assert torch.count_nonzero(m.weight.dequantize()) > 0
