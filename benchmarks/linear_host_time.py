@@ -1,8 +1,14 @@
-"""Time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
+"""Host time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
 dominates): te.Linear under each FP8 recipe against torch.nn.Linear, and te's high-precision GEMM
-against F.linear. On a GPU (default when there is one) each step ends with a synchronize, so the figure is
-host overhead plus a short kernel time for both; on the CPU it is te's reference backend.
-Median microseconds over ``--iters`` steps; prints, asserts nothing; ``--json`` writes the rows.
+against F.linear. Two figures per row, both medians over ``--rounds`` rounds in which every row runs
+``--steps`` steps in turn (a row's ratio to torch is the median of its per-round ratios, so a slow
+spell of the shared host hits both sides alike):
+
+  host    steps back to back, one synchronize after the last: the CPU time per step (the GPU's
+          work per step, tens of us, is far shorter than the host's, so it hides behind it)
+  synced  a synchronize after every step: host time plus the GPU's tail of each step
+
+On the CPU it is te's reference backend. Prints, asserts nothing; ``--json`` writes the rows.
 
     PYTHONPATH=packages/te-core/src:packages/te-torch/src python benchmarks/linear_host_time.py
 """
@@ -19,22 +25,35 @@ import torch
 import torch.nn.functional as F
 
 
-def median_us(fn, iters: int, sync) -> float:
-    for _ in range(5):
-        fn()
+def per_step_us(fn, steps: int, sync, sync_each: bool) -> float:
     sync()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    for _ in range(steps):
         fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+        if sync_each:
+            sync()
+    sync()
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def measure(rows, rounds: int, steps: int, sync) -> dict:
+    """{name: {"host": [us per round], "synced": [...]}}; rows[0] is the baseline."""
+    for _, fn in rows:  # warm-up: first-call setup, plan caches, allocator pools
+        for _ in range(10):
+            fn()
+    out = {name: {"host": [], "synced": []} for name, _ in rows}
+    for r in range(rounds):
+        order = rows[r % len(rows) :] + rows[: r % len(rows)]
+        for name, fn in order:
+            out[name]["host"].append(per_step_us(fn, steps, sync, False))
+            out[name]["synced"].append(per_step_us(fn, steps, sync, True))
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--k", type=int, default=1024)
     p.add_argument("--n", type=int, default=1024)
@@ -82,28 +101,37 @@ def main() -> None:
         "block": te.recipe.Float8BlockScaling(),
     }
     rows = [
-        ("torch nn.Linear fwd+bwd", median_us(torch_step, a.iters, sync)),
-        *(
-            (f"te.Linear fp8 {name} scaling fwd+bwd", median_us(te_fp8(r), a.iters, sync))
-            for name, r in recipes.items()
-        ),
-        ("te.Linear outside autocast fwd+bwd", median_us(te_hp_step, a.iters, sync)),
-        ("F.linear fp32 (forward GEMM only)", median_us(lambda: F.linear(xd, w), a.iters, sync)),
-        (
-            "te.functional.gemm fp32 (forward GEMM only)",
-            median_us(lambda: te.functional.gemm(xd, w), a.iters, sync),
-        ),
+        ("torch nn.Linear fwd+bwd", torch_step),
+        *((f"te.Linear fp8 {name} scaling fwd+bwd", te_fp8(r)) for name, r in recipes.items()),
+        ("te.Linear outside autocast fwd+bwd", te_hp_step),
+        ("F.linear (forward GEMM only)", lambda: F.linear(xd, w)),
+        ("te.functional.gemm (forward GEMM only)", lambda: te.functional.gemm(xd, w)),
     ]
+    res = measure(rows, a.rounds, a.steps, sync)
+    base = res[rows[0][0]]
     print(
-        f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}, "
-        f"median of {a.iters}"
+        f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}; "
+        f"medians over {a.rounds} rounds of {a.steps} steps per row"
     )
-    for name, us in rows:
-        print(f"  {name:45s} {us:10.1f} us   ({us / rows[0][1]:.2f}x torch fwd+bwd)")
+    print(f"  {'':45s} {'host us':>9s} {'x torch':>8s} {'synced us':>10s} {'x torch':>8s}")
+    table = {}
+    for name, _ in rows:
+        r = res[name]
+        ratio = {
+            k: statistics.median(v / b for v, b in zip(r[k], base[k], strict=True))
+            for k in ("host", "synced")
+        }
+        med = {k: statistics.median(r[k]) for k in ("host", "synced")}
+        table[name] = {"host_us": med["host"], "host_x_torch": ratio["host"],
+                       "synced_us": med["synced"], "synced_x_torch": ratio["synced"]}  # fmt: skip
+        print(
+            f"  {name:45s} {med['host']:9.1f} {ratio['host']:7.2f}x {med['synced']:10.1f} "
+            f"{ratio['synced']:7.2f}x"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
-                {"device": a.device, "dtype": a.dtype, "shape": [a.m, a.k, a.n], "rows": dict(rows)},
+                {"device": a.device, "dtype": a.dtype, "shape": [a.m, a.k, a.n], "rows": table},
                 f,
                 indent=2,
             )
@@ -111,7 +139,7 @@ def main() -> None:
         step = te_fp8(recipes[a.profile])
         prof = cProfile.Profile()
         prof.enable()
-        for _ in range(a.iters):
+        for _ in range(a.rounds * a.steps):
             step()
             sync()
         prof.disable()
