@@ -42,6 +42,8 @@
 // fixed order), so a bias gradient comes out of the same read.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "common/kernels.h"
 #include "cuda/cuda_utils.cuh"
 
@@ -80,6 +82,17 @@ struct Params {
   float* dbias_partial;
   // Wide-access permissions for the outputs (the loader has its own for its inputs).
   bool vec_row, vec_col;
+  // Cooperative launches only (kCoop; every CTA resident, so grid barriers are allowed):
+  // grid_amax: current scaling's amax of the whole input, taken from the tile values already in
+  // registers and max-combined in amax_acc (te's amax output) behind grid barriers, instead of a
+  // separate amax pass (one launch and one read of the input fewer); dbias_out: dbias_partial's
+  // column sums of dbias_chunks tile rows, summed in this launch after a grid barrier in the
+  // order fused_output.cu's sum_partials_kernel uses (same bits), instead of by that kernel.
+  bool grid_amax;
+  float* amax_acc;
+  void* dbias_out;
+  int32_t dbias_dtype;
+  int64_t dbias_chunks;
 };
 
 struct alignas(16) Smem {
@@ -221,8 +234,22 @@ __device__ __forceinline__ uint2 quantize8_as(const Raw8<V>& v, const S& scale, 
   }
 }
 
+// Column c's sum of the dbias partials (chunks in order), rounded to the bias gradient's dtype.
+__device__ __forceinline__ void store_column_sum(const Params& p, int64_t c) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < p.dbias_chunks; ++i) s = __fadd_rn(s, __ldcg(p.dbias_partial + i * p.cols + c));
+  if (p.dbias_dtype == TE_DTYPE_FLOAT32) {
+    static_cast<float*>(p.dbias_out)[c] = s;
+  } else if (p.dbias_dtype == TE_DTYPE_BFLOAT16) {
+    static_cast<__nv_bfloat16*>(p.dbias_out)[c] = from_float<__nv_bfloat16>(s);
+  } else {
+    static_cast<__half*>(p.dbias_out)[c] = from_float<__half>(s);
+  }
+}
+
 // kFmt: the FP8 dtype, or 0 for p.out_dtype (a run-time format, and kHighPrecision's dtype).
-template <typename L, int kFmt, int kMode>
+// kCoop: launched cooperatively (launch_input_coop), with Params' grid-barrier options.
+template <typename L, int kFmt, int kMode, bool kCoop = false>
 __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(const Params p,
                                                                             const L ld) {
   using V = typename L::Value;
@@ -289,7 +316,28 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
   float srow[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // row-wise copy, per row i
   float scol[2][8];                           // column-wise copy (1-D only), per column (h, k)
   if constexpr (kMode == kPerTensor) {
-    const float s = p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps) : *p.scale;
+    float s = 0.0f;
+    bool grid_scale = false;
+    if constexpr (kCoop) {
+      if (p.grid_amax) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x[i][h].get(k)));
+        m = block_max<kThreads>(m, sm.scratch);
+        cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+        if (blockIdx.x == 0 && tid == 0) *reinterpret_cast<uint32_t*>(p.amax_acc) = 0u;
+        grid.sync();
+        if (tid == 0 && m != 0u) atomic_max_amax(p.amax_acc, canonical_amax_bits<V>(m));
+        grid.sync();
+        s = compute_scale_from_amax(__ldcg(p.amax_acc), fmt_max, p.pow2, p.eps);
+        grid_scale = true;
+      }
+    }
+    if (!grid_scale) s = p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps) : *p.scale;
 #pragma unroll
     for (int i = 0; i < 4; ++i) srow[i] = s;
     if (p.amax_out != nullptr) {
@@ -412,27 +460,41 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
     __syncthreads();
     store_transposed(sm, p.columnwise, rows, cols, r0, c0, p.vec_col);
   }
+
+  if constexpr (kCoop) {
+    if (p.dbias_out != nullptr) {
+      cooperative_groups::this_grid().sync();  // every tile row's partials are written
+      const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+      for (int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + tid; c < cols; c += stride)
+        store_column_sum(p, c);
+    }
+  }
 }
 
 // Fills the tiling and output-alignment fields of `p` and launches one CTA per 128x128 tile of
 // loader `ld`. out_dtype: the FP8 dtype, or for kHighPrecision fp32/fp16/bf16.
+// Fills the tiling and FP8-output alignment fields of `p`; returns the number of tiles (CTAs).
+inline unsigned prepare_fp8(Params& p) {
+  const int64_t tiles = ceil_div(p.rows, kTile) * ceil_div(p.cols, kTile);
+  if (tiles > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "cast_tile_kernel: too many tiles");
+  p.tiles_c = ceil_div(p.cols, kTile);
+  p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
+  p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
+  return static_cast<unsigned>(tiles);
+}
+
 template <int kMode, typename L>
 void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  const int64_t tiles_r = ceil_div(p.rows, kTile);
-  p.tiles_c = ceil_div(p.cols, kTile);
-  const int64_t tiles = tiles_r * p.tiles_c;
-  if (tiles > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "cast_tile_kernel: too many tiles");
-  const unsigned grid = static_cast<unsigned>(tiles);
   if constexpr (kMode == kHighPrecision) {
+    const unsigned grid = prepare_fp8(p);
     p.out_dtype = out_dtype;
     p.vec_row = aligned(p.rowwise, 16) && p.cols % 8 == 0;
     p.vec_col = false;
     cast_tile_kernel<L, 0, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
     check_launch("cast_tile_kernel");
   } else {
-    p.vec_row = p.rowwise != nullptr && aligned(p.rowwise, 8) && p.cols % 8 == 0;
-    p.vec_col = p.columnwise != nullptr && aligned(p.columnwise, 16) && p.rows % 16 == 0;
+    const unsigned grid = prepare_fp8(p);
     dispatch_fp8(out_dtype, [&](auto fmt) {
       if constexpr (L::kFormatTemplate) {
         cast_tile_kernel<L, decltype(fmt)::value, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
@@ -450,6 +512,13 @@ void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream
 // instantiated once (cast_tile.cu).
 void launch_input(int mode, const Params& p, const void* input, int32_t in_dtype,
                   int32_t out_dtype, cudaStream_t stream);
+
+// The same as one cooperative launch with p's grid-barrier options (grid_amax, dbias_out), when
+// every tile's CTA fits on the GPU at once; false (nothing launched) when they do not, and the
+// caller runs the separate passes. For the host-bound sizes a small Linear step quantizes
+// (dozens of tiles), this saves one or two launches per quantization.
+bool launch_input_coop(int mode, Params p, const void* input, int32_t in_dtype, int32_t out_dtype,
+                       cudaStream_t stream);
 
 // Params for a quantization described by the C API's kernel args (common/kernels.h). `reverse`:
 // walk the tiles last-first (a current-scaling amax pass just read the tensor first-to-last).

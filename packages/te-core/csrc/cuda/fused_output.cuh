@@ -298,6 +298,33 @@ void amax_pass(const PerTensorQuantizeArgs& a, const L& ld, int64_t rows, int64_
   }
 }
 
+// A plain input's quantization (+ bias sums) as one cooperative tile launch, with current
+// scaling's amax and the bias gradient's final sum inside it (cast_tile.cuh, kCoop): false when
+// the tiles do not all fit on the GPU at once (nothing launched).
+template <typename L>
+bool write_coop(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbias dbias,
+                cudaStream_t stream) {
+  const bool per_tensor = out.kind == kFusedPerTensor;
+  tile::Params p = per_tensor ? tile::per_tensor_params(out.per_tensor, false) : tile::block_params(out.block);
+  const int mode = per_tensor ? tile::kPerTensor : out.block.block_dim == 2 ? tile::kBlock2D : tile::kBlock1D;
+  if (per_tensor && out.per_tensor.current && !out.per_tensor.use_existing_amax) {
+    p.grid_amax = true;
+    p.amax_acc = out.per_tensor.amax;
+  }
+  const int64_t chunks = ceil_div(rows, tile::kTile);
+  Scratch partials(dbias.data != nullptr ? static_cast<size_t>(chunks * cols) * 4 : 0, stream,
+                   "fused-op scratch (bias-gradient partials)");
+  if (dbias.data != nullptr) {
+    p.dbias_partial = partials.as<float>();
+    p.dbias_out = dbias.data;
+    p.dbias_dtype = dbias.dtype;
+    p.dbias_chunks = chunks;
+  }
+  const int32_t in_dtype = per_tensor ? out.per_tensor.in_dtype : out.block.in_dtype;
+  const int32_t out_dtype = per_tensor ? out.per_tensor.out_dtype : out.block.out_dtype;
+  return tile::launch_input_coop(mode, p, ld.in, in_dtype, out_dtype, stream);
+}
+
 // Result [rows, cols] from loader `ld` into `out`, with the column sums into `dbias`. A loader
 // that reads a plain input (InputLoader: te_dbias_quantize) is only used with an FP8 output and a
 // bias, both of which take the tile kernel. kMayHaveDbias false (an op without a bias gradient)
@@ -310,6 +337,9 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
     return;
   }
   constexpr bool kComputed = !std::is_same_v<L, tile::InputLoader<typename L::Value>>;
+  if constexpr (!kComputed) {
+    if (out.kind != kFusedHighPrecision && write_coop(out, ld, rows, cols, dbias, stream)) return;
+  }
   const bool per_tensor = out.kind == kFusedPerTensor;
   const bool tiles = dbias.data != nullptr || out.kind == kFusedBlock ||
                      (per_tensor && out.per_tensor.columnwise != nullptr);

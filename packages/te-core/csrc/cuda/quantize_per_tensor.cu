@@ -7,6 +7,8 @@
 //   current:                  2 (amax.cu's pass, then the cast pass reading *amax on the device;
 //                             the scale is computed in-kernel, so nothing syncs with the host)
 //   current, use_existing_amax: 1
+//   current, up to one wave of 128x128 tiles: 1 (cast_tile.cuh's cooperative variant: the amax
+//                             from the tile values in registers, combined behind grid barriers)
 // The current-scaling cast pass walks the tensor last-to-first: the amax pass walked it
 // first-to-last, so the tail it read last (up to the L2 size, ~50 MB on H200) is still in L2.
 //
@@ -123,6 +125,13 @@ void launch_cast(CastParams p, int32_t in_dtype, int32_t out_dtype, cudaStream_t
 void quantize_per_tensor(const PerTensorQuantizeArgs& a, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const int64_t numel = a.rows * a.cols;
+  if (a.current && !a.use_existing_amax && numel > 0) {
+    // Small enough for every tile's CTA to be resident: amax and cast in one launch and one read.
+    tile::Params p = tile::per_tensor_params(a, false);
+    p.grid_amax = true;
+    p.amax_acc = a.amax;
+    if (tile::launch_input_coop(tile::kPerTensor, p, a.input, a.in_dtype, a.out_dtype, stream)) return;
+  }
   bool reverse = false;
   if (a.current && !a.use_existing_amax) {
     amax_into_zeroed(a.input, a.in_dtype, numel, a.amax, stream);
