@@ -38,6 +38,8 @@ from te_torch._quantized_tensor import QuantizedTensor
 
 __all__ = ["LayerNormLinear"]
 
+_Tensor = torch.Tensor
+
 _STATE = _autocast.STATE
 
 
@@ -152,7 +154,7 @@ class LayerNormLinear(SingleGemmModule):
         """
         if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
             bad_input("LayerNormLinear", inp, self.in_features)
-        if fp8_output or fp8_grad or isinstance(inp, QuantizedTensor):
+        if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
         gemm_bias = None if self.return_bias else bias

@@ -34,6 +34,8 @@ from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, w
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch.functional import _operand, gemm, gemm_dgrad
 
+_Tensor = torch.Tensor
+
 
 class LayerNormLinearFn(torch.autograd.Function):
     """(y) or (y, ln_out): see the module docstring. ``cfg`` = (rms, eps, zero_centered_gamma,
@@ -87,7 +89,7 @@ class LayerNormLinearFn(torch.autograd.Function):
         inp, ln_w, mu, rsigma, lnq, wq = ctx.saved_tensors
         dx = dlnw = dlnb = dw = db = None
         dln = None
-        if isinstance(dy, QuantizedTensor):  # the next layer's fp8_grad
+        if type(dy) is not _Tensor and isinstance(dy, QuantizedTensor):  # the next layer's fp8_grad
             gq = grad_tensor(dy, c, need_dln, need_dw) if need_dln or need_dw else None
             if gq is not None:
                 c.register_backward()

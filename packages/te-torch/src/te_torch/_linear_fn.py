@@ -34,6 +34,8 @@ from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm, gemm_wgrad
 
+_Tensor = torch.Tensor
+
 
 def quantize_grad(c: FP8Context, dy: torch.Tensor, need_dgrad: bool, need_wgrad: bool, db_dtype):
     """(gq, db): dy quantized with the copies the dgrad / wgrad GEMMs read, and with ``db_dtype``
@@ -100,7 +102,7 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
     c = ctx.c
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     dx = dw = db = gq = None
-    if isinstance(dy, QuantizedTensor):
+    if type(dy) is not _Tensor and isinstance(dy, QuantizedTensor):  # type() first: see te.Linear
         gq = grad_operand(dy, c, need_dx, need_dw) if need_dx or need_dw else None
         if gq is None:  # another recipe's format (or no GEMM reads it): as a plain gradient
             dy = dy.dequantize()
