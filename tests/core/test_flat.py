@@ -174,6 +174,33 @@ def test_gemm_flat_errors():
     assert (g.d == 7.0).all()  # nothing written
 
 
+def test_gemm_flat_fp8_output_matches_descriptor_call():
+    """d_scale / d_amax / d_scale_inv make D a per-tensor FP8 output: the same bits (data, amax,
+    scale_inv) as te_gemm with a descriptor D carrying them; without d_scale it is te's error."""
+    g = Gemm()
+    bias = np.array([0.5, -1.0, 2.0], np.float32)
+    cfg = _C.GemmConfig(trans_b=True, epilogue=int(_C.Epilogue.BIAS))
+    flat = dict(d=fp8_buffer((2, 3)), amax=f32(), scale_inv=f32(), scale=f32(8.0))
+    g.call(d=spec(flat["d"], E4M3), config=cfg, bias=spec(bias), d_scale=spec(flat["scale"]),
+           d_amax=spec(flat["amax"]), d_scale_inv=spec(flat["scale_inv"]))  # fmt: skip
+    desc = {k: v.copy() for k, v in flat.items()}
+    desc["d"][:] = DATA_SENTINEL
+    d = _C.QuantizedTensor(
+        0, rowwise_data=tensor(desc["d"], E4M3), rowwise_scale_inv=tensor(desc["scale_inv"]),
+        amax=tensor(desc["amax"]), scale=tensor(desc["scale"]),
+    )  # fmt: skip
+    _C.gemm(
+        _C.QuantizedTensor(0, rowwise_data=tensor(g.a)), _C.QuantizedTensor(0, rowwise_data=tensor(g.b)),
+        d, _C.GemmConfig(trans_b=True, epilogue=int(_C.Epilogue.BIAS), bias=tensor(bias)),
+    )  # fmt: skip
+    for k in flat:
+        assert (bits(flat[k]) == bits(desc[k])).all(), k
+    y = g.a @ g.b.T + bias
+    assert flat["amax"][0] == np.abs(y).max() and flat["scale_inv"][0] == 1 / 8.0
+    c_error(ValueError, "te_gemm: d->scale: an FP8 output (float8_e4m3) needs the fp32 [1] scale",
+            g.call, d=spec(flat["d"], E4M3))  # fmt: skip
+
+
 def test_dequantize_flat():
     data, si, out = np.full((4, 8), 0x38, np.uint8), f32(0.5), np.zeros((4, 8), np.float32)
     _C.dequantize_flat(0, spec(data, E4M3), spec(si), None, None, spec(out))

@@ -65,11 +65,93 @@ def ref_quantizers(r, fwd_scale=None, bwd_scale=None):
     )
 
 
+def ref_io_quantizers(r, fwd_scale=None, bwd_scale=None):
+    """Fresh quantizers configured as a te module's output (fp8_output) and grad-input (fp8_grad)
+    quantizers for recipe ``r``: (output, grad_input), making every copy the module returns.
+    ``fwd_scale`` [3] / ``bwd_scale`` [2]: the delayed-scaling scales the step uses."""
+    g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
+    if r.delayed():
+        fs = torch.ones(3) if fwd_scale is None else fwd_scale.clone()
+        bs = torch.ones(2) if bwd_scale is None else bwd_scale.clone()
+        return (
+            te.Float8Quantizer(fs[2:3], torch.zeros(1), E4M3, columnwise=False),
+            te.Float8Quantizer(bs[1:2], torch.zeros(1), g, columnwise=False),
+        )
+    if r.float8_current_scaling():
+        return (
+            te.Float8CurrentScalingQuantizer(E4M3, columnwise=False),
+            te.Float8CurrentScalingQuantizer(g, columnwise=False),
+        )
+    return (
+        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.x_block_scaling_dim),
+        te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.grad_block_scaling_dim),
+    )
+
+
+def copies(t) -> dict:
+    """{"row" / "col": (FP8 bytes, fp32 values)} of each copy a quantized tensor holds."""
+    if isinstance(t, te.Float8Tensor):
+        parts = {"row": (t._data, t._like(t._data, None, t._scale_inv)) if t._data is not None else None}
+        parts["col"] = (
+            (t._transpose, t._like(None, t._transpose, t._scale_inv)) if t._transpose is not None else None
+        )
+    else:
+        rd, rs, cd, cs = t._parts()
+        parts = {
+            "row": (rd, t._like(rd, rs, None, None)) if rd is not None else None,
+            "col": (cd, t._like(None, None, cd, cs)) if cd is not None else None,
+        }
+    return {k: (v[0].view(torch.uint8), v[1].dequantize(torch.float32)) for k, v in parts.items() if v}
+
+
+def assert_same_quantized(got, want) -> None:
+    """``got`` holds the same copies as ``want``, bit for bit (bytes and dequantized values, which
+    also compares the scales where they are read), with the same type, shape and dtypes."""
+    assert type(got) is type(want), (type(got), type(want))
+    assert got.shape == want.shape and got.dtype == want.dtype and got._fp8_dtype == want._fp8_dtype
+    g, w = copies(got), copies(want)
+    assert set(g) == set(w), (set(g), set(w))
+    for k in g:
+        assert torch.equal(g[k][0], w[k][0]), k
+        assert torch.equal(g[k][1].view(torch.int32), w[k][1].view(torch.int32)), k
+
+
 def gemm_scales(state) -> tuple:
     """(fwd_scale, bwd_scale) a GemmState's next delayed-scaling step uses (None: no state)."""
     if state.fwd is None:
         return None, None
     return state.fwd.scale.clone(), state.bwd.scale.clone()
+
+
+# -- delayed scaling by hand (NUMERICS.md "DelayedScaling") ----------------------------------------
+
+
+def with_amax(shape, amax, seed):
+    """Random values in (-amax/2, amax/2) with one element exactly +-amax: max|t| == amax."""
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.rand(shape, generator=g) - 0.5) * amax
+    t.view(-1)[3] = -amax
+    return t
+
+
+def hand_update(history, scale, fp8_max, margin, algo):
+    """NUMERICS.md DelayedScaling update, written out on python lists of fp32 values per role."""
+    new_hist, new_scale = [], []
+    for h, s in zip(history, scale, strict=True):
+        amax = max(h) if algo == "max" else h[0]
+        if amax > 0 and amax != float("inf"):
+            s = (
+                torch.tensor(fp8_max * 2.0**-margin, dtype=torch.float32)
+                / torch.tensor(amax, dtype=torch.float32)
+            ).item()
+        new_scale.append(s)
+        new_hist.append([0.0] + h[2:] + [h[0]] if len(h) > 1 else [0.0])
+    return new_hist, new_scale
+
+
+def columns(t):
+    """A [L, n] history as n python lists (one per role)."""
+    return [t[:, i].tolist() for i in range(t.shape[1])]
 
 
 # -- fp32 formulas ----------------------------------------------------------------------------

@@ -7,35 +7,12 @@ import warnings
 import pytest
 import te_torch as te
 import torch
+from _module_ref import columns, hand_update, with_amax
 from te_core import _C
 from te_torch import recipe
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 f32 = torch.float32
-
-
-def with_amax(shape, amax, seed):
-    """Random values in (-amax/2, amax/2) with one element exactly +-amax: max|t| == amax."""
-    g = torch.Generator().manual_seed(seed)
-    t = (torch.rand(shape, generator=g) - 0.5) * amax
-    t.view(-1)[3] = -amax
-    return t
-
-
-def hand_update(history, scale, fp8_max, margin, algo):
-    """NUMERICS.md DelayedScaling update, written out on python lists of fp32 values per role."""
-    new_hist, new_scale = [], []
-    for h, s in zip(history, scale, strict=True):
-        amax = max(h) if algo == "max" else h[0]
-        if amax > 0 and amax != float("inf"):
-            s = (torch.tensor(fp8_max * 2.0**-margin, dtype=f32) / torch.tensor(amax, dtype=f32)).item()
-        new_scale.append(s)
-        new_hist.append([0.0] + h[2:] + [h[0]] if len(h) > 1 else [0.0])
-    return new_hist, new_scale
-
-
-def columns(t):
-    return [t[:, i].tolist() for i in range(t.shape[1])]
 
 
 @pytest.mark.parametrize(("algo", "margin"), [("max", 0), ("most_recent", 0), ("max", 1)])

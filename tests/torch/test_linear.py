@@ -244,8 +244,8 @@ def test_bad_inputs_say_what_to_do():
         ):
             m(torch.randn(4, 64))
         assert what in str(type(r).__name__)
-    with pytest.raises(NotImplementedError, match="fp8_output"):
-        m(torch.randn(4, 64), fp8_output=True)
+    with pytest.raises(TypeError, match=r"Linear: fp8_output: expected a bool, got 'yes'"):
+        m(torch.randn(4, 64), fp8_output="yes")
     with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
         te.Linear(4, 4, tp_size=2, device="cpu")
     with pytest.raises(TypeError, match="params_dtype"):

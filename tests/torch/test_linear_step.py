@@ -186,8 +186,10 @@ def test_entry_point_errors():
         _C.linear_fwd((2, 0, None, None, None, None), (7, 1), None, None, cfg, 0)
     with pytest.raises(TypeError, match="config: expected a GemmConfig"):
         _C.linear_fwd((2, 0, None, None, None, None), (2, 0, None, None, None, None), None, None, None, 0)
-    with pytest.raises(ValueError, match="dy: expected a kind-0"):
-        _C.linear_bwd((2, 0, None, None, None, None), None, None, None, None, None, None, None, 0)
+    db = torch.empty(8)
+    db_spec = (db.data_ptr(), TE_DTYPE[db.dtype], db.shape, -1)
+    with pytest.raises(ValueError, match="dbias: expected None when dy is given quantized"):
+        _C.linear_bwd((2, 0, None, None, None, None), db_spec, None, None, None, None, None, None, 0)
     # A high-precision GEMM through the same entry point: C's checks name te_gemm's arguments.
     spec = lambda t: (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, -1)  # noqa: E731
     w = torch.randn(8, 16)

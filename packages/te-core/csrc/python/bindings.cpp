@@ -627,7 +627,7 @@ PYBIND11_MODULE(_C, m) {
          int32_t b_mode, py::handle b_rd, py::handle b_rs, py::handle b_cd, py::handle b_cs,
          py::handle d, const te_gemm_config* config, py::handle bias, py::handle aux,
          py::handle bias_grad, uintptr_t stream, py::handle a_amax, py::handle b_amax,
-         bool a_rht, bool b_rht) {
+         bool a_rht, bool b_rht, py::handle d_scale, py::handle d_amax, py::handle d_scale_inv) {
         te_quantized_tensor a = te_quantized_tensor_init(a_mode);
         a.rowwise_data = spec(a_rd, "a_rd");
         a.rowwise_scale_inv = spec(a_rs, "a_rs");
@@ -644,6 +644,9 @@ PYBIND11_MODULE(_C, m) {
         b.columnwise_rht = b_rht;
         te_quantized_tensor out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
         out.rowwise_data = spec(d, "d");
+        out.scale = spec(d_scale, "d_scale");
+        out.amax = spec(d_amax, "d_amax");
+        out.rowwise_scale_inv = spec(d_scale_inv, "d_scale_inv");
         te_gemm_config c = config ? *config : te_gemm_config_init();
         c.bias = spec(bias, "bias");
         c.aux = spec(aux, "aux");
@@ -657,11 +660,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("bias").none(true), py::arg("aux").none(true), py::arg("bias_grad").none(true),
       py::arg("stream") = 0, py::arg("a_amax").none(true) = py::none(),
       py::arg("b_amax").none(true) = py::none(), py::arg("a_rht") = false,
-      py::arg("b_rht") = false,
+      py::arg("b_rht") = false, py::arg("d_scale").none(true) = py::none(),
+      py::arg("d_amax").none(true) = py::none(), py::arg("d_scale_inv").none(true) = py::none(),
       "te_gemm with operands as parts (each None, a Tensor or a (ptr, dtype, shape, device) "
       "tuple, device -1: CPU). config: a GemmConfig whose scalar fields are used (its "
       "bias/aux/bias_grad are replaced by the arguments), or None for the defaults. "
-      "a_amax/b_amax, a_rht/b_rht: nvfp4_1d operands' global amaxes and columnwise_rht.");
+      "a_amax/b_amax, a_rht/b_rht: nvfp4_1d operands' global amaxes and columnwise_rht. "
+      "d_scale/d_amax/d_scale_inv: a per-tensor FP8 output's fp32 [1] scale (read), amax "
+      "(written: max |result| before the cast) and scale_inv (written: 1/scale).");
   m.def(
       "norm_fwd_flat",
       [](bool rms, py::handle x, py::handle gamma, py::handle beta, int32_t out_mode,

@@ -221,8 +221,12 @@ void register_linear_step(py::module_& m) {
       [](py::handle dy, py::handle dbias, py::handle x, py::handle w, py::handle dx,
          py::handle dgrad_config, py::handle dw, py::handle wgrad_config, uintptr_t stream) {
         Operand g = operand(dy, "dy");
-        if (!g.quantize) throw py::value_error("dy: expected a kind-0 (quantize) operand");
         te_tensor db = spec(dbias, "dbias");
+        if (!g.quantize && (db.data != nullptr || db.ndim > 0)) {
+          throw py::value_error(
+              "dbias: expected None when dy is given quantized (kind 1 or 2): the bias gradient "
+              "is summed from dy's high-precision values as they are quantized (kind 0)");
+        }
         const te_tensor dxt = spec(dx, "dx"), dwt = spec(dw, "dw");
         const bool need_dx = dxt.data != nullptr || dxt.ndim > 0;
         const bool need_dw = dwt.data != nullptr || dwt.ndim > 0;
@@ -239,8 +243,10 @@ void register_linear_step(py::module_& m) {
         void* s = as_stream(stream);
         check(without_gil([&] {
           const bool with_db = db.data != nullptr || db.ndim > 0;
-          TE_TRY(with_db ? te_dbias_quantize(&g.src, &g.q, &db, g.config, s)
-                         : te_quantize(&g.src, &g.q, g.config, s));
+          if (g.quantize) {
+            TE_TRY(with_db ? te_dbias_quantize(&g.src, &g.q, &db, g.config, s)
+                           : te_quantize(&g.src, &g.q, g.config, s));
+          }
           if (need_dx) TE_TRY(gemm(only(g.q, true), only(wo.q, false), dxt, dc, te_tensor{}, s));
           if (need_dw) return gemm(only(g.q, false), only(xo.q, false), dwt, wc, te_tensor{}, s);
           return TE_SUCCESS;
@@ -249,8 +255,8 @@ void register_linear_step(py::module_& m) {
       py::arg("dy"), py::arg("dbias").none(true), py::arg("x").none(true), py::arg("w").none(true),
       py::arg("dx").none(true), py::arg("dgrad_config").none(true), py::arg("dw").none(true),
       py::arg("wgrad_config").none(true), py::arg("stream"),
-      "The Linear backward: dy (a kind-0 operand) quantized, with dbias (None: no bias "
-      "gradient) from the same pass; dx = dy w by dgrad_config (None dx: skipped) on dy's "
+      "The Linear backward: dy quantized (a kind-0 operand; kind 1/2: given quantized), with "
+      "dbias (None: no bias gradient; kind 0 only) from the same pass; dx = dy w by dgrad_config (None dx: skipped) on dy's "
       "row-wise and w's column-wise copies; dw = dy^T x by wgrad_config (beta 1 accumulates "
       "into dw, e.g. an fp32 main_grad; None dw: skipped) on both column-wise copies.");
 }

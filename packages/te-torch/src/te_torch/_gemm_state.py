@@ -3,8 +3,9 @@
 Every quantized GEMM of a module (Linear's one, LayerNormMLP's fc1 and fc2) owns a ``GemmState``:
 
 - ``FP8Context`` for the active recipe: the quantizers of its input, weight and grad-output
-  (built once per recipe, in the four usages), the split-accumulator flags of fprop / dgrad /
-  wgrad, the update keys, and the cached quantized weight (``is_first_microbatch``);
+  (built once per recipe, in the four usages), of its output (``fp8_output``) and grad-input
+  (``fp8_grad``), the split-accumulator flags of fprop / dgrad / wgrad, the update keys, and the
+  cached quantized weight (``is_first_microbatch``);
 - under DelayedScaling, two ``DelayedState`` (NUMERICS.md; TE's layout): forward amax_history
   [L, 3] / scale [3] (input, weight, output) and backward [L, 2] / [2] (grad_output,
   grad_input), fp32, created on first use;
@@ -22,7 +23,7 @@ from te_core.recipe import Format
 
 from te_torch import _autocast
 from te_torch._dtypes import TE_DTYPE
-from te_torch._linear_step import packed
+from te_torch._kernels import packed
 from te_torch._model_init import check_stored_weight
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
@@ -47,6 +48,11 @@ def _variants(q) -> tuple:
     return tuple(out)
 
 
+def _one_d(q) -> bool:
+    """Whether ``q`` makes 1x128 blocks (whose column-wise copy only the quantizer can make)."""
+    return isinstance(q, Float8BlockQuantizer) and q.block_scaling_dim == 1
+
+
 def _splits(recipe) -> tuple[bool, bool, bool]:
     return (
         recipe.fp8_gemm_fprop.use_split_accumulator,
@@ -58,7 +64,15 @@ def _splits(recipe) -> tuple[bool, bool, bool]:
 class FP8Context:
     """What one GEMM's quantized call reuses for one recipe: quantizers (built once), the GEMMs'
     split-accumulator flags, the delayed-scaling states and their update keys, and the cached
-    quantized weight (``is_first_microbatch``). ``owner`` names the module in errors."""
+    quantized weight (``is_first_microbatch``). ``owner`` names the module in errors.
+
+    ``x_q``, ``w_q``, ``g_q``, ``o_q``, ``gi_q``: the input, weight, grad-output, output and
+    grad-input quantizers, each in the four usages (``_variants``). Output and grad-input use the
+    forward and backward formats of the recipe (HYBRID: E4M3 / E5M2) and, under DelayedScaling,
+    the forward slot 2 ("output") and backward slot 1 ("grad_input") of the module's state;
+    under current scaling the settings of the input / grad-output quantizers (they are the next
+    GEMM's input / the previous GEMM's grad-output); under block scaling those too (1x128
+    blocks by default)."""
 
     __slots__ = (
         "recipe",
@@ -66,6 +80,8 @@ class FP8Context:
         "x_q",
         "w_q",
         "g_q",
+        "o_q",
+        "gi_q",
         "split",
         "fwd",
         "bwd",
@@ -98,6 +114,8 @@ class FP8Context:
             x = Float8Quantizer(fwd.scale_of(0), fwd.amax(0), fdt)
             w = Float8Quantizer(fwd.scale_of(1), fwd.amax(1), fdt)
             g = Float8Quantizer(bwd.scale_of(0), bwd.amax(0), bdt)
+            o = Float8Quantizer(fwd.scale_of(2), fwd.amax(2), fdt)
+            gi = Float8Quantizer(bwd.scale_of(1), bwd.amax(1), bdt)
             self.fwd_key = recipe_key(recipe, False, group)
             self.bwd_key = recipe_key(recipe, True, group)
             self.split = (False, True, True)
@@ -111,6 +129,7 @@ class FP8Context:
 
             x, w = cs(fdt, recipe.fp8_quant_fwd_inp), cs(fdt, recipe.fp8_quant_fwd_weight)
             g = cs(bdt, recipe.fp8_quant_bwd_grad)
+            o, gi = cs(fdt, recipe.fp8_quant_fwd_inp), cs(bdt, recipe.fp8_quant_bwd_grad)
             self.split = _splits(recipe)
         elif recipe.float8_block_scaling():
 
@@ -125,6 +144,8 @@ class FP8Context:
             x = bq(recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp)
             w = bq(recipe.w_block_scaling_dim, recipe.fp8_quant_fwd_weight)
             g = bq(recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad)
+            o = bq(recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp)
+            gi = bq(recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad)
             self.split = _splits(recipe)
         else:
             raise NotImplementedError(
@@ -134,8 +155,23 @@ class FP8Context:
                 "Float8CurrentScaling or Float8BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
+        self.o_q, self.gi_q = _variants(o), _variants(gi)
         # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
         self.packed_ok = all(q[3]._flat() is not None for q in (self.x_q, self.w_q, self.g_q))
+
+    def output_quantizer(self, grad_enabled: bool):
+        """The quantizer of a returned output (``fp8_output``): the row-wise copy the next GEMM's
+        fprop reads, and with ``grad_enabled`` the column-wise copy its wgrad reads when that
+        copy cannot be made from the row-wise one later (1x128 blocks: each copy has its own
+        blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in TE: the consumer
+        makes the exact FP8 transpose if it needs one."""
+        return self.o_q[2 + (grad_enabled and _one_d(self.o_q[2]))]
+
+    def grad_input_quantizer(self):
+        """The quantizer of a returned input gradient (``fp8_grad``): row-wise (the previous
+        GEMM's dgrad) and, with 1x128 blocks, column-wise (its wgrad) too; see
+        output_quantizer."""
+        return self.gi_q[2 + _one_d(self.gi_q[2])]
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
         """The quantized weight: fresh (``first`` None: with the column-wise copy only when

@@ -33,6 +33,7 @@ _DGELU = int(_C.Epilogue.DGELU)
 _BGRAD = int(_C.Epilogue.BGRAD)
 _gemm_configs: dict = {}  # gemm_config()'s cache (configs are never mutated once built)
 _quantize_shapes: dict = {}  # (source shape, mode) -> output part shapes; see part_shapes()
+_packed_sizes: dict = {}  # (mode, fp8 dtype, shape) -> (row bytes, col bytes); see packed()
 
 try:  # the raw cudaStream_t of the current stream, without building a torch.cuda.Stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -73,6 +74,20 @@ def part_shapes(shape: torch.Size, mode: int) -> tuple:
             _quantize_shapes.clear()
         _quantize_shapes[key] = parts
     return parts
+
+
+def packed(mode: int, fp8: int, shape: torch.Size) -> tuple[int, int]:
+    """Sizes of the packed row-wise and column-wise copies (rounded up to 256 bytes, so copies
+    placed back to back stay aligned)."""
+    key = (mode, fp8, shape)
+    sizes = _packed_sizes.get(key)
+    if sizes is None:
+        row, col = _C.packed_bytes(mode, fp8, tuple(shape))
+        sizes = ((row + 255) & ~255, (col + 255) & ~255)
+        if len(_packed_sizes) >= 4096:
+            _packed_sizes.clear()
+        _packed_sizes[key] = sizes
+    return sizes
 
 
 def stream_of(t: torch.Tensor) -> int:
@@ -283,3 +298,38 @@ def gemm(
         stream,
     )
     return out, aux, bias_grad
+
+
+def gemm_fp8_output(
+    a: Operand,
+    b: Operand,
+    trans_a: bool,
+    trans_b: bool,
+    out_shape: tuple[int, ...],
+    fp8_dtype: torch.dtype,
+    epilogue: int,
+    bias: torch.Tensor | None,
+    split: int,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """te_gemm with a per-tensor FP8 output (te/gemm.h): D = fp8((op(A) op(B) (+ bias)) * scale),
+    saturating, the product and bias in fp32 and rounded once, to FP8.
+
+    Returns (D, scale_inv): D a new ``fp8_dtype`` tensor of ``out_shape``, scale_inv a new fp32 [1]
+    holding 1/scale (written by te_gemm). ``scale`` (fp32 [1]) is read; ``amax`` (fp32 [1]) is
+    overwritten with max |result| before the cast (NaN propagates). ``bias``: [N], bfloat16 or
+    float32 (te_gemm's rule for an FP8 output). ``epilogue``: DEFAULT or BIAS. Tensors must be
+    contiguous; ``split`` as in gemm()."""
+    src = a[1] if a[1] is not None else a[3]
+    dev = src.get_device()
+    out = _empty(out_shape, dtype=fp8_dtype, device=src.device)
+    scale_inv = _empty((1,), dtype=torch.float32, device=src.device)
+    config = gemm_config(trans_a, trans_b, False, epilogue, bias is not None, split)
+    _gemm_flat(
+        a[0], spec(a[1]), spec(a[2]), spec(a[3]), spec(a[4]),
+        b[0], spec(b[1]), spec(b[2]), spec(b[3]), spec(b[4]),
+        spec(out), config, spec(bias), None, None, _raw_stream(dev) if dev >= 0 else 0,
+        d_scale=spec(scale), d_amax=spec(amax), d_scale_inv=spec(scale_inv),
+    )  # fmt: skip
+    return out, scale_inv

@@ -3,7 +3,8 @@
 Outside ``te.autocast`` it runs te's norm kernel and torch's F.linear in high precision. Inside,
 te_torch._layernorm_linear_fn.LayerNormLinearFn has the norm kernel write the GEMM's quantized
 input (both copies) directly, then runs the quantized GEMMs as te.Linear does (same recipes,
-quantizers, delayed-scaling state, weight cache, main_grad fusion and ``_extra_state`` format).
+quantizers, delayed-scaling state, weight cache, main_grad fusion and ``_extra_state`` format),
+and TE's ``fp8_output`` / ``fp8_grad`` as te.Linear's (_fp8_io).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch
 
 from te_torch import _autocast
 from te_torch._availability import default_device
+from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState
-from te_torch._high_precision import linear, norm
+from te_torch._high_precision import DequantizeFn, linear, norm
 from te_torch._layernorm_linear_fn import LayerNormLinearFn
 from te_torch._linear import linear_params, register_linear_params, reset_linear_params
 from te_torch._model_init import quantize_module_weights
@@ -32,8 +34,11 @@ from te_torch._module_base import (
     reset_norm_params,
     split_sizes,
 )
+from te_torch._quantized_tensor import QuantizedTensor
 
 __all__ = ["LayerNormLinear"]
+
+_Tensor = torch.Tensor
 
 _STATE = _autocast.STATE
 
@@ -135,14 +140,22 @@ class LayerNormLinear(SingleGemmModule):
     ):
         """``norm(inp) W^T + b``; quantized inside te.autocast. See the class docstring.
 
+        inp: [..., in_features], float32 / bfloat16 / float16, or a te quantized tensor, which is
+            dequantized (differentiably) first: the norm reads high precision.
         is_first_microbatch: as ``te.Linear`` (None: quantize the weight every call; True:
             quantize and cache it; False: reuse the cache).
-        fp8_output / fp8_grad: not implemented yet (NotImplementedError).
+        fp8_output: inside autocast, return the output [..., out_features] quantized in the
+            forward format by this module's output quantizer, as ``te.Linear`` (the norm output
+            of ``return_layernorm_output`` stays high precision).
+        fp8_grad: inside autocast (grad enabled), the gradient of inp (the norm backward's, in
+            inp's dtype) is returned quantized in the backward format by the grad-input
+            quantizer, as ``te.Linear``'s.
+        Outside autocast both flags are ignored, as in TE. See docs/linear.rst.
         """
         if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
             bad_input("LayerNormLinear", inp, self.in_features)
-        if fp8_output or fp8_grad:
-            raise NotImplementedError("LayerNormLinear: fp8_output / fp8_grad are not implemented in te yet")
+        if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
+            return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
         gemm_bias = None if self.return_bias else bias
         ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
@@ -162,7 +175,7 @@ class LayerNormLinear(SingleGemmModule):
                 c,
                 is_first_microbatch,
                 self.fuse_wgrad_accumulation,
-                (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output),
+                (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, None, None),
             )
             out, ln_out = res if self.return_layernorm_output else (res, None)
         else:
@@ -170,6 +183,40 @@ class LayerNormLinear(SingleGemmModule):
             if s.calibrating:
                 self._gemm.calibrate(ln_out, weight, s.recipe, s.group)
             out = linear(ln_out, weight, gemm_bias, self.fuse_wgrad_accumulation)
+        if self.return_bias:
+            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
+        return (out, ln_out) if self.return_layernorm_output else out
+
+    # Under torch.compile this runs eagerly (a graph break): its quantized outputs and inputs
+    # are not traced yet.
+    @torch.compiler.disable
+    def _forward_io(self, inp, first, fp8_output, fp8_grad):
+        """forward() with fp8_output / fp8_grad set or a quantized input (TE's semantics)."""
+        check_flags("LayerNormLinear", fp8_output, fp8_grad)
+        if isinstance(inp, QuantizedTensor):
+            inp = DequantizeFn.apply(inp, inp.dtype)  # the norm reads high precision
+        s = _STATE
+        if not s.fp8:  # TE ignores fp8_output / fp8_grad outside autocast
+            return self.forward(inp, first)
+        weight, bias = linear_params(self)
+        c = self._gemm.ctx
+        if c is None or c.recipe is not s.recipe or c.device != weight.device:
+            c = self._gemm.context(s.recipe, s.group, weight.device)
+        c.register_forward()
+        out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
+        cfg = (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, out_q, gi_q)
+        res = LayerNormLinearFn.apply(
+            inp,
+            self.layer_norm_weight,
+            self.layer_norm_bias,
+            weight,
+            None if self.return_bias else bias,
+            c,
+            first,
+            self.fuse_wgrad_accumulation,
+            cfg,
+        )
+        out, ln_out = res if self.return_layernorm_output else (res, None)
         if self.return_bias:
             return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
         return (out, ln_out) if self.return_layernorm_output else out

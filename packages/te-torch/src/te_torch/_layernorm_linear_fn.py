@@ -16,6 +16,11 @@ Backward (LinearFn's, then the norm's):
     dln    = gemm_dgrad(gq, wq)  (+ the gradient of the returned norm output)
     dw     = gemm_wgrad(gq, lnq)  (or += into weight.main_grad)
     dx, dgamma, dbeta = norm_bwd(dln, x, mu, rsigma, gamma)
+
+TE's ``fp8_output`` / ``fp8_grad`` (_fp8_io): with an output quantizer y is returned quantized;
+with a grad-input quantizer the returned dx (the norm backward's, in x's dtype) is quantized, so
+the preceding te layer reads it as it is. A quantized dy (the next layer's ``fp8_grad``) is the
+dgrad / wgrad operand as it is, its bias gradient the column sums of its dequantized values.
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ from __future__ import annotations
 import torch
 
 from te_torch import _fused
+from te_torch._fp8_io import gemm_quantized, grad_tensor
 from te_torch._gemm_state import FP8Context
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
-from te_torch.functional import gemm, gemm_dgrad
+from te_torch._quantized_tensor import QuantizedTensor
+from te_torch.functional import _operand, gemm, gemm_dgrad
+
+_Tensor = torch.Tensor
 
 
 class LayerNormLinearFn(torch.autograd.Function):
     """(y) or (y, ln_out): see the module docstring. ``cfg`` = (rms, eps, zero_centered_gamma,
-    return_layernorm_output)."""
+    return_layernorm_output, output quantizer or None, grad-input quantizer or None)."""
 
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, weight, bias, c: FP8Context, first, fuse_wgrad: bool, cfg: tuple):
-        rms, eps, zcg, return_ln = cfg
+        rms, eps, zcg, return_ln, out_q, _ = cfg
         need_dln = any_requires_grad(inp, ln_w, ln_b)
         need_dw = weight.requires_grad
         xq_q = c.x_q[2 + need_dw]
@@ -47,7 +56,14 @@ class LayerNormLinearFn(torch.autograd.Function):
         wq = c.weight(weight, first, need_dln)
         if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
             bias = bias.to(inp.dtype)
-        out = gemm(lnq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
+        if out_q is None:
+            out = gemm(lnq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
+        else:
+            out = gemm_quantized(
+                c, out_q, _operand(lnq, True, "x"), _operand(wq, True, "w"), False, True,
+                (*inp.shape[:-1], weight.shape[0]), inp.dtype, bias,
+                int(c.split[0]),
+            )  # fmt: skip
         ctx.save_for_backward(
             inp if need_dln else None,
             ln_w if need_dln else None,
@@ -67,12 +83,25 @@ class LayerNormLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_ln_out=None):
         c = ctx.c
-        rms, _, zcg, _ = ctx.cfg
+        rms, _, zcg, _, _, gi_q = ctx.cfg
         need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]
         need_dln = need_dx or need_dlnw or need_dlnb
         inp, ln_w, mu, rsigma, lnq, wq = ctx.saved_tensors
         dx = dlnw = dlnb = dw = db = None
         dln = None
+        if type(dy) is not _Tensor and isinstance(dy, QuantizedTensor):  # the next layer's fp8_grad
+            gq = grad_tensor(dy, c, need_dln, need_dw) if need_dln or need_dw else None
+            if gq is not None:
+                c.register_backward()
+                if need_dln:
+                    dln = gemm_dgrad(gq, wq, out_dtype=dy.dtype, use_split_accumulator=c.split[1])
+                if need_dw:
+                    dw = wgrad(c, gq, lnq, ctx.weight, ctx.fuse, ctx.w_dtype)
+                if need_db:
+                    db = column_sums(dy.dequantize(torch.float32), ctx.b_dtype)
+                dy = None  # done
+            else:  # another recipe's format (or no GEMM needs it): as a plain gradient
+                dy = dy.dequantize()
         if dy is not None:
             if not dy.is_contiguous():
                 dy = dy.contiguous()
@@ -90,4 +119,6 @@ class LayerNormLinearFn(torch.autograd.Function):
             with_dbeta = ctx.has_ln_bias and need_dlnb
             dx, dlnw, dlnb = _fused.norm_bwd(dln, inp, mu, rsigma, ln_w, rms, zcg, with_dbeta)
             dx, dlnw = (dx if need_dx else None), (dlnw if need_dlnw else None)
+            if dx is not None and gi_q is not None:
+                dx = gi_q(dx)  # fp8_grad: the norm backward writes x's dtype, quantized here
         return dx, dlnw, dlnb, dw, db, None, None, None, None

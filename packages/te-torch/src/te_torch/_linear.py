@@ -12,6 +12,9 @@ saved in ``state_dict()`` under ``_extra_state`` as a dict of plain tensors (``f
 ``torch.load(..., weights_only=True)`` reads a checkpoint. Using one module twice in an
 autocast region is allowed: both uses quantize with the same scale and the amax slot keeps the
 larger amax (delayed quantizers max-accumulate), so the update sees the step's true maximum.
+
+``fp8_output`` / ``fp8_grad`` and quantized inputs (TE's semantics, _fp8_io) go through
+``_forward_io`` and LinearIOFn: the default call pays one ``type()`` check for them.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import torch
 
 from te_torch import _autocast
 from te_torch._availability import default_device
+from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState
-from te_torch._high_precision import linear
-from te_torch._linear_fn import LinearFn
+from te_torch._high_precision import DequantizeFn, linear
+from te_torch._linear_fn import LinearFn, LinearIOFn
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
@@ -35,8 +39,11 @@ from te_torch._module_base import (
     reject_parallel,
     split_sizes,
 )
+from te_torch._quantized_tensor import QuantizedTensor
 
 __all__ = ["Linear"]
+
+_Tensor = torch.Tensor
 
 _STATE = _autocast.STATE
 
@@ -168,14 +175,27 @@ class Linear(SingleGemmModule):
     ):
         """y = inp W^T + b; quantized inside te.autocast. See the class docstring.
 
+        inp: [..., in_features], float32 / bfloat16 / float16, or a te quantized tensor of that
+            logical shape (e.g. another layer's ``fp8_output``): inside autocast its bytes and
+            scales are the fprop operand as they are (never quantized again; its format must be
+            the recipe's input format, else ValueError); outside autocast it is dequantized.
         is_first_microbatch: None: quantize the weight every call; True: quantize it and cache
             the quantized copy; False: reuse the cached copy (gradient-accumulation microbatches).
-        fp8_output / fp8_grad: not implemented yet (NotImplementedError).
+        fp8_output: inside autocast, return y [..., out_features] quantized in the forward format
+            (Float8Tensor for DelayedScaling / Float8CurrentScaling, Float8BlockwiseQTensor for
+            Float8BlockScaling) by this module's output quantizer (DelayedScaling: the output
+            slot of its state), with y's nominal dtype; its gradient arrives in high precision.
+        fp8_grad: inside autocast (and with grad enabled), the gradient of inp is returned
+            quantized in the backward format (HYBRID: E5M2) by the grad-input quantizer
+            (DelayedScaling: the grad-input slot), for a preceding te layer to use as it is.
+        Outside autocast both flags are ignored, as in TE. See docs/linear.rst.
         """
         if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
             bad_input("Linear", inp, self.in_features)
-        if fp8_output or fp8_grad:
-            raise NotImplementedError("Linear: fp8_output / fp8_grad are not implemented in te yet")
+        # type() first: isinstance against a Tensor subclass goes through torch's metaclass
+        # __instancecheck__ (~0.3 us), too slow to pay on every call for a plain tensor
+        if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
+            return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
         gemm_bias = None if self.return_bias else bias
         s = _STATE
@@ -190,4 +210,27 @@ class Linear(SingleGemmModule):
             if s.calibrating:
                 self._gemm.calibrate(inp, weight, s.recipe, s.group)
             out = linear(inp, weight, gemm_bias, self.fuse_wgrad_accumulation)
+        return (out, bias) if self.return_bias else out
+
+    # Under torch.compile this runs eagerly (a graph break): its quantized outputs and inputs
+    # are not traced yet.
+    @torch.compiler.disable
+    def _forward_io(self, inp, first, fp8_output, fp8_grad):
+        """forward() with fp8_output / fp8_grad set or a quantized input (TE's semantics)."""
+        check_flags("Linear", fp8_output, fp8_grad)
+        s = _STATE
+        if not s.fp8:  # TE ignores fp8_output / fp8_grad outside autocast: high precision
+            if isinstance(inp, QuantizedTensor):
+                inp = DequantizeFn.apply(inp, inp.dtype)
+            return self.forward(inp, first)
+        weight, bias = linear_params(self)
+        c = self._gemm.ctx
+        if c is None or c.recipe is not s.recipe or c.device != weight.device:
+            c = self._gemm.context(s.recipe, s.group, weight.device)
+        c.register_forward()
+        out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
+        out = LinearIOFn.apply(
+            inp, weight, None if self.return_bias else bias, c, first, self.fuse_wgrad_accumulation,
+            out_q, gi_q,
+        )  # fmt: skip
         return (out, bias) if self.return_bias else out

@@ -16,6 +16,10 @@ Backward:
 
 Each copy is produced only when a gradient needs it (``needs_input_grad``). The recipe objects
 (quantizers, delayed-scaling state) are _gemm_state.FP8Context.
+
+LinearFn is the default call. LinearIOFn adds TE's ``fp8_output`` / ``fp8_grad`` and a quantized
+input used as it is (_fp8_io): y and/or dx are returned quantized, and xq is the input's own
+bytes. Both backward passes read a quantized dy (the next layer's ``fp8_grad``) as it is.
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ import torch
 from te_core import _C
 
 from te_torch import _fused, _linear_step
+from te_torch._fp8_io import gemm_quantized, grad_operand, input_operand
 from te_torch._gemm_state import FP8Context
-from te_torch._quantized_tensor import is_eager
+from te_torch._linear_step import column_sums
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
+from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm, gemm_wgrad
+
+_Tensor = torch.Tensor
 
 
 def quantize_grad(c: FP8Context, dy: torch.Tensor, need_dgrad: bool, need_wgrad: bool, db_dtype):
@@ -60,11 +69,6 @@ def any_requires_grad(*ts) -> bool:
     return any(t is not None and t.requires_grad for t in ts)
 
 
-def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The bias gradient when dy is not quantized at all (no other gradient needed)."""
-    return dy.reshape(-1, dy.shape[-1]).float().sum(0).to(dtype)
-
-
 # te_gemm operand layouts of the three GEMMs (functional.gemm / gemm_dgrad / gemm_wgrad call the
 # same): fprop x W^T reads both row-wise copies, dgrad dy W reads W's column-wise copy, wgrad
 # dy^T x reads both column-wise copies.
@@ -82,6 +86,83 @@ def _col(op: tuple) -> tuple:
 
 def _split(flag) -> int:
     return -1 if flag is None else int(bool(flag))
+
+
+def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
+    """(dx, dw, db, None, None, None): LinearFn's backward (``gi_q`` None), and LinearIOFn's.
+
+    ``dy`` may be quantized (the next layer's fp8_grad): its copies are the dgrad / wgrad
+    operands as they are, and db the column sums of its dequantized values (the unquantized dy
+    does not exist here; TE does the same). ``gi_q``: dx is returned as its quantized tensor
+    (fp8_grad)."""
+    c = ctx.c
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx = dw = db = gq = None
+    if type(dy) is not _Tensor and isinstance(dy, QuantizedTensor):  # type() first: see te.Linear
+        gq = grad_operand(dy, c, need_dx, need_dw) if need_dx or need_dw else None
+        if gq is None:  # another recipe's format (or no GEMM reads it): as a plain gradient
+            dy = dy.dequantize()
+        else:
+            c.register_backward()
+            if need_db:
+                db = column_sums(dy.dequantize(torch.float32), ctx.b_dtype)
+    if gq is None:
+        if not (need_dx or need_dw):
+            if need_db:
+                db = column_sums(dy, ctx.b_dtype)
+            return dx, dw, db, None, None, None
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        q = c.g_q[2 * need_dx + need_dw]
+        c.register_backward()
+        if need_db:
+            gq, db = _fused.dbias_quantize_operand(dy, q, ctx.b_dtype)
+        else:
+            gq = q._operand(dy)
+    xcd, xcs, wcd, wcs = ctx.saved_tensors
+    x_mode, w_mode = ctx.modes
+    if need_dx:
+        shape, split = (*dy.shape[:-1], ctx.in_features), _split(c.split[1])
+        wc = (w_mode, None, None, wcd, wcs)
+        if gi_q is None:
+            dx = _gemm(
+                _row(gq), wc, *_DGRAD, shape, dy.dtype, None, False, _DEFAULT_EPILOGUE, None, None, split
+            )[0]
+        else:
+            dx = gemm_quantized(c, gi_q, _row(gq), wc, *_DGRAD, shape, dy.dtype, None, split)
+    if need_dw:
+        xc = (x_mode, None, None, xcd, xcs)
+        shape = (dy.shape[-1], ctx.in_features)
+        if ctx.fuse:
+            w = ctx.weight
+            _gemm(
+                _col(gq), xc, *_WGRAD, shape, torch.float32, w.main_grad,
+                not getattr(w, "overwrite_main_grad", False), _DEFAULT_EPILOGUE, None, None,
+                _split(c.split[2]),
+            )  # fmt: skip
+            if hasattr(w, "grad_added_to_main_grad"):
+                w.grad_added_to_main_grad = True
+        else:
+            dw = _gemm(
+                _col(gq), xc, *_WGRAD, shape, ctx.w_dtype, None, False, _DEFAULT_EPILOGUE,
+                None, None, _split(c.split[2]),
+            )[0]  # fmt: skip
+    return dx, dw, db, None, None, None
+
+
+def _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad) -> None:
+    # Only the column-wise copies are read again (wgrad: x's, dgrad: W's).
+    ctx.save_for_backward(
+        xq[3] if need_dw else None, xq[4] if need_dw else None,
+        wq[3] if need_dx else None, wq[4] if need_dx else None,
+    )  # fmt: skip
+    ctx.modes = xq[0], wq[0]
+    ctx.c = c
+    ctx.fuse = fuse_wgrad
+    ctx.weight = weight if fuse_wgrad else None
+    ctx.w_dtype = weight.dtype
+    ctx.b_dtype = None if bias is None else bias.dtype
+    ctx.in_features = inp.shape[-1]
 
 
 class LinearFn(torch.autograd.Function):
@@ -106,62 +187,47 @@ class LinearFn(torch.autograd.Function):
             _row(xq), _row(wq), *_FPROP, (*inp.shape[:-1], weight.shape[0]), inp.dtype, None, False,
             _DEFAULT_EPILOGUE if bias is None else _BIAS_EPILOGUE, bias, None, _split(c.split[0]),
         )[0]  # fmt: skip
-        # Only the column-wise copies are read again (wgrad: x's, dgrad: W's).
-        ctx.save_for_backward(
-            xq[3] if need_dw else None, xq[4] if need_dw else None,
-            wq[3] if need_dx else None, wq[4] if need_dx else None,
-        )  # fmt: skip
-        ctx.modes = xq[0], wq[0]
-        ctx.c = c
-        ctx.fuse = fuse_wgrad
-        ctx.weight = weight if fuse_wgrad else None
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
-        ctx.in_features = inp.shape[-1]
+        _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        c = ctx.c
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         if ctx.packed:
-            if need_dx or need_dw:
-                return (*_linear_step.backward(ctx, dy, need_dx, need_dw, need_db), None, None, None)
-            return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None
-        xcd, xcs, wcd, wcs = ctx.saved_tensors
-        x_mode, w_mode = ctx.modes
-        dx = dw = db = None
-        if need_dx or need_dw:
-            if not dy.is_contiguous():
-                dy = dy.contiguous()
-            q = c.g_q[2 * need_dx + need_dw]
-            c.register_backward()
-            if need_db:
-                gq, db = _fused.dbias_quantize_operand(dy, q, ctx.b_dtype)
-            else:
-                gq = q._operand(dy)
-            if need_dx:
-                dx = _gemm(
-                    _row(gq), (w_mode, None, None, wcd, wcs), *_DGRAD, (*dy.shape[:-1], ctx.in_features),
-                    dy.dtype, None, False, _DEFAULT_EPILOGUE, None, None, _split(c.split[1]),
-                )[0]  # fmt: skip
-            if need_dw:
-                xc = (x_mode, None, None, xcd, xcs)
-                shape = (dy.shape[-1], ctx.in_features)
-                if ctx.fuse:
-                    w = ctx.weight
-                    _gemm(
-                        _col(gq), xc, *_WGRAD, shape, torch.float32, w.main_grad,
-                        not getattr(w, "overwrite_main_grad", False), _DEFAULT_EPILOGUE, None, None,
-                        _split(c.split[2]),
-                    )  # fmt: skip
-                    if hasattr(w, "grad_added_to_main_grad"):
-                        w.grad_added_to_main_grad = True
-                else:
-                    dw = _gemm(
-                        _col(gq), xc, *_WGRAD, shape, ctx.w_dtype, None, False, _DEFAULT_EPILOGUE,
-                        None, None, _split(c.split[2]),
-                    )[0]  # fmt: skip
-        elif need_db:
-            db = column_sums(dy, ctx.b_dtype)
-        return dx, dw, db, None, None, None
+            return _linear_step.backward(ctx, dy)
+        return _backward(ctx, dy)
+
+
+class LinearIOFn(torch.autograd.Function):
+    """LinearFn with TE's ``fp8_output`` / ``fp8_grad`` and a quantized input (see the module
+    docstring). ``out_q``: the output quantizer (None: y in high precision); ``gi_q``: the
+    grad-input quantizer (None: dx in high precision). A quantized ``inp`` is the fprop operand
+    as it is (and, when the weight needs a gradient, its column-wise copy the wgrad one)."""
+
+    @staticmethod
+    def forward(
+        ctx, inp, weight, bias, c: FP8Context, first, fuse_wgrad: bool,
+        out_q: Quantizer | None, gi_q: Quantizer | None,
+    ):  # fmt: skip
+        need_dx, need_dw = inp.requires_grad, weight.requires_grad
+        if isinstance(inp, QuantizedTensor):
+            xq = input_operand(inp, c, need_dw)
+        else:
+            xq = c.x_q[2 + need_dw]._operand(inp)
+        wq = c.weight_operand(weight, first, need_dx)
+        if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
+            bias = bias.to(inp.dtype)
+        shape, split = (*inp.shape[:-1], weight.shape[0]), _split(c.split[0])
+        if out_q is None:
+            out = _gemm(
+                _row(xq), _row(wq), *_FPROP, shape, inp.dtype, None, False,
+                _DEFAULT_EPILOGUE if bias is None else _BIAS_EPILOGUE, bias, None, split,
+            )[0]  # fmt: skip
+        else:
+            out = gemm_quantized(c, out_q, _row(xq), _row(wq), *_FPROP, shape, inp.dtype, bias, split)
+        _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad)
+        ctx.gi_q = gi_q
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*_backward(ctx, dy, ctx.gi_q), None, None)

@@ -20,7 +20,8 @@ import torch
 from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
-from te_torch._kernels import _raw_stream, gemm_config
+from te_torch._fp8_io import grad_operand
+from te_torch._kernels import _raw_stream, gemm_config, packed
 from te_torch._quantized_tensor import QuantizedTensor
 
 _U8 = torch.uint8
@@ -28,21 +29,6 @@ _empty = torch.empty
 _linear_fwd = _C.linear_fwd
 _linear_bwd = _C.linear_bwd
 _DEFAULT, _BIAS = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BIAS)
-_packed_sizes: dict = {}  # (mode, fp8 dtype, shape) -> (row bytes, col bytes), 256-aligned
-
-
-def packed(mode: int, fp8: int, shape: torch.Size) -> tuple[int, int]:
-    """Sizes of the packed row-wise and column-wise copies (rounded up to 256 bytes, so copies
-    placed back to back stay aligned)."""
-    key = (mode, fp8, shape)
-    sizes = _packed_sizes.get(key)
-    if sizes is None:
-        row, col = _C.packed_bytes(mode, fp8, tuple(shape))
-        sizes = ((row + 255) & ~255, (col + 255) & ~255)
-        if len(_packed_sizes) >= 4096:
-            _packed_sizes.clear()
-        _packed_sizes[key] = sizes
-    return sizes
 
 
 def _spec(t: torch.Tensor | None) -> tuple | None:
@@ -52,6 +38,12 @@ def _spec(t: torch.Tensor | None) -> tuple | None:
 def _stored_operand(op: tuple) -> tuple:
     """A stored quantized weight's (mode, rd, rs, cd, cs) as a kind-2 operand."""
     return (2, op[0], _spec(op[1]), _spec(op[2]), _spec(op[3]), _spec(op[4]))
+
+
+def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias gradient when dy is not quantized here (no other gradient needed, or dy came
+    quantized)."""
+    return dy.reshape(-1, dy.shape[-1]).float().sum(0).to(dtype)
 
 
 def _split(flag) -> int:
@@ -118,24 +110,41 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     return out
 
 
-def backward(ctx, dy: torch.Tensor, need_dx: bool, need_dw: bool, need_db: bool):
-    """LinearFn.backward, eagerly, when dx or dW is needed: (dx, dw, db)."""
+def backward(ctx, dy: torch.Tensor) -> tuple:
+    """LinearFn.backward, eagerly: (dx, dw, db, None, None, None). A quantized ``dy`` (the next
+    layer's ``fp8_grad``) is the GEMMs' operand as it is, its bias gradient the column sums of
+    its dequantized values (as in _linear_fn._backward)."""
     c = ctx.c
-    if not dy.is_contiguous():
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    g = db = None
+    if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+        gq = grad_operand(dy, c, need_dx, need_dw) if need_dx or need_dw else None
+        if gq is None:  # another recipe's format (or no GEMM reads it): as a plain gradient
+            dy = dy.dequantize()
+        else:
+            g = _stored_operand(gq)
+            if need_db:
+                db = column_sums(dy.dequantize(torch.float32), ctx.b_dtype)
+                need_db = False
+    if not (need_dx or need_dw):
+        return None, None, column_sums(dy, ctx.b_dtype) if need_db else db, None, None, None
+    if g is None and not dy.is_contiguous():
         dy = dy.contiguous()
     dev = dy.get_device()
     device = dy.device
-    gq = c.g_q[3]._flat()
-    gr, gc = packed(gq[0], gq[1], dy.shape)
-    if not need_dx:
-        gr = 0
-    if not need_dw:
-        gc = 0
     c.register_backward()
-    tmp = _empty(gr + gc, dtype=_U8, device=device)
-    tp = tmp.data_ptr()
-    g = (0, (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dev), gq, tp if gr else 0, tp + gr if gc else 0)
-    db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device) if need_db else None
+    if g is None:
+        gq = c.g_q[3]._flat()
+        gr, gc = packed(gq[0], gq[1], dy.shape)
+        if not need_dx:
+            gr = 0
+        if not need_dw:
+            gc = 0
+        tmp = _empty(gr + gc, dtype=_U8, device=device)
+        tp = tmp.data_ptr()
+        g = (0, (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dev), gq, tp if gr else 0, tp + gr if gc else 0)
+    if need_db:
+        db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device)
     dx = dx_spec = dgrad = None
     if need_dx:
         dx = _empty(ctx.x_shape, dtype=dy.dtype, device=device)
@@ -160,9 +169,9 @@ def backward(ctx, dy: torch.Tensor, need_dx: bool, need_dw: bool, need_db: bool)
             dw_spec = (dw.data_ptr(), TE_DTYPE[dw.dtype], ctx.w_shape, dev)
             wgrad = gemm_config(True, False, False, _DEFAULT, False, split)
     _linear_bwd(
-        g, _spec(db), ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
+        g, _spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
         _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     if need_dw and ctx.fuse and hasattr(ctx.weight, "grad_added_to_main_grad"):
         ctx.weight.grad_added_to_main_grad = True
-    return dx, dw, db
+    return dx, dw, db, None, None, None

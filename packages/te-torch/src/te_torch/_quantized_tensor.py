@@ -50,6 +50,14 @@ class QuantizedTensor(torch.Tensor):
     def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
         raise NotImplementedError
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """torch.compile: a quantized gradient (a te layer's ``fp8_grad``) arriving at a compiled
+        backward traced with a plain gradient is handed over dequantized (the compiled graph reads
+        high precision and quantizes it itself); other mismatches stay AOT autograd's error."""
+        if expected_type is torch.Tensor:
+            return self.dequantize()
+        return None
+
     def _stable_hash_for_caching(self) -> str:
         """Key for torch.compile's AOT autograd cache: class, shapes, dtypes, flatten context."""
         names, ctx = self.__tensor_flatten__()
