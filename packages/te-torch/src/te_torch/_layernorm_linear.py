@@ -12,7 +12,7 @@ import torch
 
 from te_torch import _autocast
 from te_torch._availability import default_device
-from te_torch._gemm_state import GemmState
+from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import linear, norm
 from te_torch._layernorm_linear_fn import LayerNormLinearFn
 from te_torch._linear import linear_params, register_linear_params, reset_linear_params
@@ -106,6 +106,7 @@ class LayerNormLinear(SingleGemmModule):
             )
         register_norm_params(self, in_features, self._rms, params_dtype, device)
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
+        self._features = (("in_features", in_features), ("out_features", out_features))
         self._gemm = GemmState("te.LayerNormLinear")
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
@@ -153,6 +154,8 @@ class LayerNormLinear(SingleGemmModule):
                 c = self._gemm.context(s.recipe, s.group, weight.device)
             if c.delayed:
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
+            elif c.block:
+                check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
             res = LayerNormLinearFn.apply(
                 inp,
                 ln_w,
