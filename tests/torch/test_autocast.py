@@ -211,9 +211,10 @@ def test_availability_and_default_recipe_on_cpu():
     ok, why = te.is_fp8_available(return_reason=True)
     assert ok is True and "CPU emulation" in why
     assert te.is_fp8_block_scaling_available() is True
-    ok, why = te.is_mxfp8_available(return_reason=True)
-    assert ok is False and "do not run MXFP8 yet" in why
-    assert te.is_nvfp4_available() is False
+    for fn, fmt in ((te.is_mxfp8_available, "MXFP8"), (te.is_nvfp4_available, "NVFP4")):
+        ok, why = fn(return_reason=True)
+        assert ok is True and fn() is True
+        assert why.startswith("CPU emulation") and f"each {fmt} GEMM by dequantizing" in why
     r, why = te.get_default_recipe(return_reason=True)
     assert isinstance(r, recipe.Float8CurrentScaling) and "CPU" in why
     m = te.Linear(128, 32, device="cpu")

@@ -286,7 +286,9 @@ def test_bad_arguments_say_what_is_expected():
     with (
         te.autocast(recipe=recipe.MXFP8BlockScaling()),
         pytest.raises(
-            NotImplementedError, match="te.LayerNormLinear: MXFP8BlockScaling is not supported yet"
+            ValueError,
+            match=r"LayerNormLinear: MXFP8BlockScaling quantizes every GEMM operand in blocks of 32 "
+            r"along both of its dimensions, so the input's rows .* must be a multiple of 32, got 4",
         ),
     ):
         m(torch.randn(4, 64))

@@ -375,11 +375,11 @@ def test_bad_arguments_say_what_is_expected():
         m(torch.randn(4, 32))
     with pytest.raises(TypeError, match=r"inp: expected float32, bfloat16 or float16 .* got torch.float64"):
         m(torch.randn(4, H, dtype=torch.float64))
-    with (
-        te.autocast(recipe=recipe.NVFP4BlockScaling()),
-        pytest.raises(NotImplementedError, match="te.LayerNormMLP: NVFP4BlockScaling is not supported yet"),
-    ):
-        m(torch.randn(4, H))
+    with te.autocast(recipe=recipe.NVFP4BlockScaling()):
+        with pytest.raises(ValueError, match=r"blocks of 16 .* input's rows .* multiple of 16, got 4"):
+            m(torch.randn(4, H))
+        with pytest.raises(ValueError, match=r"so ffn_hidden_size must be a multiple of 16, got 40"):
+            te.LayerNormMLP(H, 40, device="cpu")(torch.randn(16, H))
 
 
 def test_calibration_records_each_gemm_input_and_weight():

@@ -285,8 +285,8 @@ def test_bad_inputs_say_what_to_do():
         te.quantized_model_init(recipe="fp8")
     with pytest.raises(TypeError, match="enabled: expected a bool"):
         te.quantized_model_init(enabled="yes")
-    with pytest.raises(NotImplementedError, match="MXFP8BlockScaling weights are not supported yet"):
-        te.quantized_model_init(recipe=recipe.MXFP8BlockScaling())
+    with pytest.raises(NotImplementedError, match="CustomRecipe weights are not supported yet"):
+        te.quantized_model_init(recipe=recipe.CustomRecipe(qfactory=lambda role: None))
     region = te.quantized_model_init(recipe=recipe.DelayedScaling())
     with region, pytest.raises(RuntimeError, match="already active"):
         with region:

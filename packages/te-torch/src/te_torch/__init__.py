@@ -6,13 +6,16 @@ This slice provides TE's quantizers and quantized tensors:
 - ``Float8Quantizer`` (delayed scaling), ``Float8CurrentScalingQuantizer`` (current scaling)
   -> ``Float8Tensor`` (FP8 data, optional transposed copy, one fp32 scale_inv);
 - ``Float8BlockQuantizer`` (1x128 / 128x128 block scaling) -> ``Float8BlockwiseQTensor``;
+- ``MXFP8Quantizer`` (1x32 blocks, E8M0 scales) -> ``MXFP8Tensor``; ``NVFP4Quantizer`` (E2M1 with
+  1x16 E4M3 block scales and an fp32 global scale) -> ``NVFP4Tensor``;
 - ``recipe``: te_core's recipes (``te.recipe.DelayedScaling``, ...);
 - ``Linear``, ``LayerNormLinear``, ``LayerNormMLP`` and ``autocast`` (alias ``fp8_autocast``):
   TE's GEMM modules, quantized inside an autocast region with DelayedScaling,
   Float8CurrentScaling or Float8BlockScaling (the norm and activation kernels write the next
-  GEMM's FP8 input directly);
-- ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold FP8 weights
-  only (train them with fp32 master weights; see its docstring);
+  GEMM's FP8 input directly), or MXFP8BlockScaling / NVFP4BlockScaling (emulated: te-core
+  dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike);
+- ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
+  weights only (train them with fp32 master weights; see its docstring);
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
@@ -25,7 +28,7 @@ Everything not listed in ``__all__`` is private.
 import torch as _torch
 from te_core import recipe as recipe
 
-from te_torch import _blockwise_tensor, _float8_tensor
+from te_torch import _blockwise_tensor, _float8_tensor, _mx_tensor
 from te_torch import _ops as _ops  # registers torch.ops.te.*
 from te_torch import functional as functional
 from te_torch._autocast import autocast as autocast
@@ -42,6 +45,10 @@ from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
 from te_torch._model_init import fp8_model_init as fp8_model_init
 from te_torch._model_init import quantized_model_init as quantized_model_init
+from te_torch._mx_quantizers import MXFP8Quantizer as MXFP8Quantizer
+from te_torch._mx_quantizers import NVFP4Quantizer as NVFP4Quantizer
+from te_torch._mx_tensor import MXFP8Tensor as MXFP8Tensor
+from te_torch._mx_tensor import NVFP4Tensor as NVFP4Tensor
 from te_torch._norm import LayerNorm as LayerNorm
 from te_torch._norm import RMSNorm as RMSNorm
 from te_torch._quantized_tensor import QuantizedTensor as QuantizedTensor
@@ -59,9 +66,13 @@ __all__ = [
     "Float8Quantizer",
     "Float8CurrentScalingQuantizer",
     "Float8BlockQuantizer",
+    "MXFP8Quantizer",
+    "NVFP4Quantizer",
     "QuantizedTensor",
     "Float8Tensor",
     "Float8BlockwiseQTensor",
+    "MXFP8Tensor",
+    "NVFP4Tensor",
     "Linear",
     "LayerNormLinear",
     "LayerNormMLP",
@@ -82,5 +93,10 @@ __all__ = [
 # checkpoints): their pickles call these functions with plain tensors, dtypes and shapes only.
 if hasattr(_torch.serialization, "add_safe_globals"):  # torch >= 2.4
     _torch.serialization.add_safe_globals(
-        [_float8_tensor._rebuild_float8_tensor, _blockwise_tensor._rebuild_blockwise_tensor]
+        [
+            _float8_tensor._rebuild_float8_tensor,
+            _blockwise_tensor._rebuild_blockwise_tensor,
+            _mx_tensor._rebuild_mxfp8_tensor,
+            _mx_tensor._rebuild_nvfp4_tensor,
+        ]
     )

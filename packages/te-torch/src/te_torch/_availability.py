@@ -1,9 +1,17 @@
 """Which recipes can run where, and the default recipe (TE's ``is_fp8_available`` & co.).
 
-te has two backends. On a CUDA GPU a recipe is available when the silicon has the format (TE's
-checks, TE_REFERENCE.md §2.7). Without a usable GPU, te's CPU backend emulates every per-tensor
-and block FP8 recipe bit-exactly (slowly), so those report available, with a reason saying it is
-emulation. MXFP8 and NVFP4 are not available to te_torch's modules yet (te-core has them).
+te has two backends. On a CUDA GPU a per-tensor or block FP8 recipe is available when the
+silicon has the format (TE's checks, TE_REFERENCE.md §2.7). Without a usable GPU, te's CPU
+backend emulates every recipe bit-exactly (slowly), so each reports available, with a reason
+saying it is emulation.
+
+MXFP8BlockScaling and NVFP4BlockScaling differ from TE here: TE offers them only where the GPU
+has block-scaled MXFP8 / FP4 GEMMs (Blackwell, SM 10.x). te has no such native path on any GPU
+yet; it quantizes with its own kernels (CPU or CUDA) and runs every GEMM of these formats by
+dequantizing the operands to BF16 and calling the BF16 GEMM: the recipe's numerics exactly, at
+BF16 speed plus the dequantization (te-core logs this once, at INFO, to the ``te`` logger). So
+these functions answer True wherever te runs a BF16 GEMM (the CPU, CUDA compute capability
+>= 8.0), and the reason says it is emulated.
 
 Every function takes ``return_reason`` (TE's keyword): with it, returns ``(bool, reason)``.
 Answers are computed once per process (the hardware does not change).
@@ -24,12 +32,6 @@ __all__ = [
     "get_default_recipe",
     "default_device",
 ]
-
-_NO_MX = (
-    "te_torch's modules do not run {} yet (te-core quantizes it and runs its GEMMs by block "
-    "dequantization; the Blackwell-native path is not written); use Float8CurrentScaling, "
-    "DelayedScaling or Float8BlockScaling"
-)
 
 
 @functools.cache
@@ -90,21 +92,51 @@ def is_fp8_block_scaling_available(return_reason: bool = False):
     return _answer(*_block(), return_reason)
 
 
+@functools.cache
+def _mx(fmt: str) -> tuple[bool, str]:
+    how = (
+        f"te quantizes {fmt} with its own kernels and runs each {fmt} GEMM by dequantizing the "
+        "operands to BF16 (the recipe's numerics, at BF16 speed plus the dequantization)"
+    )
+    cc = _cuda_capability()
+    if cc is None:
+        return True, f"CPU emulation: no usable CUDA GPU; {how}"
+    here = f"{cc[0]}.{cc[1]}"
+    if cc < (8, 0):
+        return False, f"{fmt} emulation needs BF16 GEMMs (compute capability >= 8.0); this GPU is {here}"
+    if cc >= (10, 0):
+        native = f"this GPU has native {fmt} GEMMs, which te does not use yet"
+    else:
+        native = f"native {fmt} GEMMs need Blackwell (compute capability 10.x)"
+    # False on a GPU, as TE answers where its GEMM is not native: code that picks a recipe by
+    # availability should not land on one slower than BF16. The recipe is still accepted.
+    return False, (
+        f"emulated on compute capability {here}: {native}; {how}; the recipe still runs, slower "
+        "than BF16"
+    )
+
+
 def is_mxfp8_available(return_reason: bool = False):
-    """Always False for now: te_torch's modules do not run MXFP8 yet."""
-    return _answer(False, _NO_MX.format("MXFP8"), return_reason)
+    """Whether MXFP8BlockScaling runs natively here: False on every GPU for now (te's MXFP8 GEMM
+    dequantizes its operands to BF16 on Hopper and Blackwell alike, slower than BF16; the recipe is
+    still accepted, and the reason says so), True on the CPU, whose backend emulates every format.
+    TE answers True only on Blackwell, where its GEMM is native."""
+    return _answer(*_mx("MXFP8"), return_reason)
 
 
 def is_nvfp4_available(return_reason: bool = False):
-    """Always False for now: te_torch's modules do not run NVFP4 yet."""
-    return _answer(False, _NO_MX.format("NVFP4"), return_reason)
+    """Whether NVFP4BlockScaling runs natively here: as ``is_mxfp8_available`` (False on every GPU
+    for now, the recipe emulated but accepted; True on the CPU backend); TE answers True only on
+    Blackwell."""
+    return _answer(*_mx("NVFP4"), return_reason)
 
 
 def get_default_recipe(return_reason: bool = False):
     """The recipe ``autocast(recipe=None)`` uses (a new object per call).
 
     - CUDA, compute capability 8.9 / 9.x: ``DelayedScaling()`` (TE's default there).
-    - CUDA >= 10.0: ``Float8CurrentScaling()`` (TE picks MXFP8 on 10.x; te has no MXFP8 yet).
+    - CUDA >= 10.0: ``Float8CurrentScaling()`` (TE picks MXFP8 on 10.x, where its GEMM is
+      native; te runs MXFP8 only emulated, slower than a native per-tensor FP8 GEMM).
     - CPU (no usable GPU): ``Float8CurrentScaling()``: stateless (no first-step saturation while
       a history fills), every step's numbers depend on that step only, and it traces under
       torch.compile; the numerics a CPU emulation is most often asked to reproduce.
@@ -115,5 +147,9 @@ def get_default_recipe(return_reason: bool = False):
     elif cc < (10, 0):
         r, why = _recipe.DelayedScaling(), f"TE's default on compute capability {cc[0]}.{cc[1]}"
     else:
-        r, why = _recipe.Float8CurrentScaling(), "Blackwell: TE's MXFP8 default is not implemented in te yet"
+        r, why = (
+            _recipe.Float8CurrentScaling(),
+            "Blackwell: TE's default there is MXFP8BlockScaling, which te runs only emulated "
+            "(no native block-scaled GEMM yet)",
+        )
     return (r, why) if return_reason else r

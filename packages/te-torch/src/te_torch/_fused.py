@@ -8,6 +8,12 @@ registered ``torch.ops.te.*`` ops, whose results are the same.
 
 Nothing here is differentiable by itself: the modules' autograd Functions call these from their
 forward and backward.
+
+MXFP8 / NVFP4 quantizers (``quantizer._fusable`` False): te's fused kernels write only per-tensor
+and block FP8 (te-core rejects an MXFP8/NVFP4 output of a fused op), so the kernel writes its
+fp32 result and te_quantize quantizes that: the same values a fused kernel would quantize ("fp32
+op, then quantize"), for one more pass over the tensor. A bias gradient beside such a
+quantization is the fp32 column sums of the unquantized input, summed by torch.
 """
 
 from __future__ import annotations
@@ -17,6 +23,20 @@ import torch
 from te_torch import _fused_kernels
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
+
+_F32 = torch.float32
+
+
+def _unfused(q: Quantizer | None, x: torch.Tensor) -> bool:
+    """Whether ``q`` quantizes outside the fused kernel (MXFP8 / NVFP4; eager only)."""
+    if q is None or q._fusable:
+        return False
+    q._source(x)  # raises NotImplementedError under tracing, naming the quantizer
+    return True
+
+
+def _column_sums(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).float().sum(0).to(dtype)
 
 
 def _op_args(q: Quantizer | None, out_dtype: torch.dtype) -> tuple:
@@ -55,6 +75,11 @@ def norm_fwd(
 
     y [..., H] has x's dtype, or is ``quantizer``'s quantized tensor of it; mu (None for
     RMSNorm) and rsigma are fp32 [M], M = numel / H, what norm_bwd needs."""
+    if _unfused(quantizer, x):
+        y32, _, _, _, mu, rsigma = _fused_kernels.norm_fwd(
+            x, gamma, beta, rms, eps, zero_centered_gamma, None, _F32
+        )
+        return quantizer._quantize(y32, x.dtype), mu, rsigma
     if is_eager(x):
         spec = None if quantizer is None else quantizer._fused_spec()
         rd, rs, cd, cs, mu, rsigma = _fused_kernels.norm_fwd(
@@ -94,6 +119,8 @@ def norm_bwd(
 def activation_fwd(x: torch.Tensor, kind: int, quantizer: Quantizer | None = None):
     """act(x) for te_activation ``kind``: x [..., K] -> [..., K] ([..., 2N] -> [..., N] for
     gated kinds), x's dtype or ``quantizer``'s quantized tensor."""
+    if _unfused(quantizer, x):
+        return quantizer._quantize(_fused_kernels.activation_fwd(x, kind, None, _F32)[0], x.dtype)
     shape = _fused_kernels.activation_out_shape(x.shape, kind)
     if is_eager(x):
         spec = None if quantizer is None else quantizer._fused_spec()
@@ -114,6 +141,9 @@ def activation_bwd(
     """(dx, dbias): the gradient through act at the pre-activation x [..., K] of grad (act's
     output shape). dx [..., K] has x's dtype or is ``quantizer``'s quantized tensor; dbias [K]
     (``dbias_dtype``; None without) is the column sums of the fp32 dx."""
+    if _unfused(quantizer, x):
+        dx32, _, _, _, dbias = _fused_kernels.activation_bwd(grad, x, kind, None, _F32, dbias_dtype)
+        return quantizer._quantize(dx32, x.dtype), dbias
     if is_eager(x) and is_eager(grad):
         spec = None if quantizer is None else quantizer._fused_spec()
         *parts, dbias = _fused_kernels.activation_bwd(grad, x, kind, spec, x.dtype, dbias_dtype)
@@ -127,6 +157,8 @@ def activation_bwd(
 
 def dbias_quantize_operand(x: torch.Tensor, quantizer: Quantizer, dbias_dtype: torch.dtype):
     """dbias_quantize with the quantized x as te_gemm's operand tuple (Quantizer._operand)."""
+    if _unfused(quantizer, x):
+        return quantizer._operand(x), _column_sums(x, dbias_dtype)
     if is_eager(x):
         *parts, dbias = _fused_kernels.dbias_quantize(x, quantizer._fused_spec(), dbias_dtype)
     else:
@@ -138,6 +170,8 @@ def dbias_quantize_operand(x: torch.Tensor, quantizer: Quantizer, dbias_dtype: t
 def dbias_quantize(x: torch.Tensor, quantizer: Quantizer, dbias_dtype: torch.dtype):
     """(``quantizer``'s quantized x, the column sums of x [K] in ``dbias_dtype``) in one pass:
     a gradient's cast(-transpose) fused with its bias gradient."""
+    if _unfused(quantizer, x):
+        return quantizer._quantize(x), _column_sums(x, dbias_dtype)
     if is_eager(x):
         *parts, dbias = _fused_kernels.dbias_quantize(x, quantizer._fused_spec(), dbias_dtype)
     else:

@@ -5,7 +5,9 @@ Every quantized GEMM of a module (Linear's one, LayerNormMLP's fc1 and fc2) owns
 - ``FP8Context`` for the active recipe: the quantizers of its input, weight and grad-output
   (built once per recipe, in the four usages), of its output (``fp8_output``) and grad-input
   (``fp8_grad``), the split-accumulator flags of fprop / dgrad / wgrad, the update keys, and the
-  cached quantized weight (``is_first_microbatch``);
+  cached quantized weight (``is_first_microbatch``); for MXFP8BlockScaling / NVFP4BlockScaling
+  also the block length every GEMM dimension must be a multiple of (``block``, 32 / 16;
+  ``check_dims``);
 - under DelayedScaling, two ``DelayedState`` (NUMERICS.md; TE's layout): forward amax_history
   [L, 3] / scale [3] (input, weight, output) and backward [L, 2] / [2] (grad_output,
   grad_input), fp32, created on first use;
@@ -25,6 +27,7 @@ from te_torch import _autocast
 from te_torch._dtypes import TE_DTYPE
 from te_torch._kernels import packed
 from te_torch._model_init import check_stored_weight
+from te_torch._mx_quantizers import MXFP8Quantizer, NVFP4Quantizer
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer
 from te_torch._recipe_state import DelayedState, recipe_key
@@ -51,6 +54,77 @@ def _variants(q) -> tuple:
 def _one_d(q) -> bool:
     """Whether ``q`` makes 1x128 blocks (whose column-wise copy only the quantizer can make)."""
     return isinstance(q, Float8BlockQuantizer) and q.block_scaling_dim == 1
+
+
+def _reject_unimplemented(recipe, owner: str) -> None:
+    """Recipe options te_torch does not implement: NotImplementedError naming them, rather than
+    numerics that silently differ from what the recipe asks for."""
+    name = type(recipe).__name__
+    todo = []
+    if getattr(recipe, "backward_override", None) is not None:
+        todo.append(f"backward_override={recipe.backward_override!r}")
+    if recipe.nvfp4():
+        if recipe.row_scaled_activation:
+            todo.append("row_scaled_activation=True")
+        if recipe.nvfp4_4over6 != "none":
+            todo.append(f"nvfp4_4over6={recipe.nvfp4_4over6!r}")
+    if todo:
+        raise NotImplementedError(
+            f"{owner}: {name}: {', '.join(todo)} is not implemented in te yet; use the default "
+            f"(backward_override=None, row_scaled_activation=False, nvfp4_4over6='none')"
+        )
+
+
+def _nvfp4_quantizers(recipe, owner: str) -> tuple:
+    """(x, w, g) NVFP4 quantizers from the recipe's QParams (NUMERICS.md: RHT on the inputs' and
+    gradients' column-wise copies, 16x16 tiles for weights, stochastic rounding of gradients)."""
+    inp, wt, grad = recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad
+    # te_gemm needs the transform on both operands of a contraction or on neither: wgrad pairs
+    # x's and dy's column-wise copies, dgrad pairs W's column-wise copy with dy's row-wise one.
+    if wt.random_hadamard_transform or inp.random_hadamard_transform != grad.random_hadamard_transform:
+        raise ValueError(
+            f"{owner}: NVFP4BlockScaling: the random Hadamard transform must be on "
+            "fp4_quant_fwd_inp and fp4_quant_bwd_grad together (the wgrad GEMM's operands) and "
+            "never on fp4_quant_fwd_weight, got "
+            f"inp={inp.random_hadamard_transform}, weight={wt.random_hadamard_transform}, "
+            f"grad={grad.random_hadamard_transform}"
+        )
+
+    def q(qp):
+        return NVFP4Quantizer(
+            with_rht=qp.random_hadamard_transform,
+            with_2d_quantization=qp.fp4_2d_quantization,
+            stochastic_rounding=qp.stochastic_rounding,
+        )
+
+    return q(inp), q(wt), q(grad)
+
+
+def check_dims(owner: str, recipe, block: int, inp: torch.Tensor, features: tuple) -> None:
+    """MXFP8 / NVFP4: every GEMM operand's two dimensions must be multiples of the block (32 /
+    16), as TE requires (Blackwell's block-scaled GEMM reads whole blocks and their scale tiles):
+    the input's rows (its leading dims flattened) and each named feature size in ``features``
+    ((name, size) pairs). te-core itself would quantize edge blocks; the rule is the GEMM's."""
+    name = type(recipe).__name__
+    k = inp.shape[-1]
+    rows = inp.numel() // k if k else 0
+    if rows % block:
+        lead = tuple(inp.shape[:-1])
+        raise ValueError(
+            f"{owner}: {name} quantizes every GEMM operand in blocks of {block} along both of its "
+            f"dimensions, so the input's rows (the product of its leading dims {lead}) must be a "
+            f"multiple of {block}, got {rows}; pad the tokens (e.g. the sequence) up to a multiple "
+            f"of {block} ({-(-rows // block) * block} here), or run this layer under a recipe "
+            "without the rule (Float8CurrentScaling, DelayedScaling)"
+        )
+    for what, n in features:
+        if n % block:
+            raise ValueError(
+                f"{owner}: {name} quantizes every GEMM operand in blocks of {block} along both of "
+                f"its dimensions, so {what} must be a multiple of {block}, got {n}; build the layer "
+                f"with {what} a multiple of {block}, or run it under a recipe without the rule "
+                "(Float8CurrentScaling, DelayedScaling)"
+            )
 
 
 def _splits(recipe) -> tuple[bool, bool, bool]:
@@ -93,6 +167,7 @@ class FP8Context:
         "packed_ok",
         "device",
         "owner",
+        "block",
     )
 
     def __init__(
@@ -109,6 +184,8 @@ class FP8Context:
         self.delayed = recipe.delayed()
         self.weight_cache = self.weight_operand_cache = self.weight_packed_cache = None
         self.fwd_key = self.bwd_key = None
+        self.block = 0
+        _reject_unimplemented(recipe, owner)
         if self.delayed:
             fdt, bdt = _dtypes(recipe.fp8_format)
             x = Float8Quantizer(fwd.scale_of(0), fwd.amax(0), fdt)
@@ -147,15 +224,30 @@ class FP8Context:
             o = bq(recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp)
             gi = bq(recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad)
             self.split = _splits(recipe)
+        elif recipe.mxfp8():
+            # fp8_format E4M3 (TE's MXFP8 default): every role E4M3; HYBRID: gradients E5M2.
+            fdt, bdt = _dtypes(recipe.fp8_format)
+            x = MXFP8Quantizer(fdt)
+            w = MXFP8Quantizer(fdt, with_2d_quantization=recipe.enable_2d_quantization)
+            g = MXFP8Quantizer(bdt)
+            self.split = (None, None, None)  # no MMParams in the recipe: te_gemm's default
+            self.block = 32
+            o = gi = None
+        elif recipe.nvfp4():
+            x, w, g = _nvfp4_quantizers(recipe, owner)
+            self.split = (None, None, None)
+            self.block = 16
+            o = gi = None
         else:
             raise NotImplementedError(
-                f"{owner}: {type(recipe).__name__} is not supported yet: te-core quantizes MXFP8 / "
-                "NVFP4 (te_quantize; te_gemm by block dequantization) but te_torch's modules do not "
-                "use them yet, nor custom quantizer factories. Use DelayedScaling, "
-                "Float8CurrentScaling or Float8BlockScaling"
+                f"{owner}: {type(recipe).__name__} is not supported yet (custom quantizer "
+                "factories); use DelayedScaling, Float8CurrentScaling, Float8BlockScaling, "
+                "MXFP8BlockScaling or NVFP4BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
-        self.o_q, self.gi_q = _variants(o), _variants(gi)
+        # fp8_output / fp8_grad quantizers (None: not for MXFP8 / NVFP4 yet).
+        self.o_q = None if o is None else _variants(o)
+        self.gi_q = None if gi is None else _variants(gi)
         # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
         self.packed_ok = all(q[3]._flat() is not None for q in (self.x_q, self.w_q, self.g_q))
 
@@ -165,13 +257,24 @@ class FP8Context:
         copy cannot be made from the row-wise one later (1x128 blocks: each copy has its own
         blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in TE: the consumer
         makes the exact FP8 transpose if it needs one."""
+        if self.o_q is None:
+            raise self._no_io("fp8_output")
         return self.o_q[2 + (grad_enabled and _one_d(self.o_q[2]))]
 
     def grad_input_quantizer(self):
         """The quantizer of a returned input gradient (``fp8_grad``): row-wise (the previous
         GEMM's dgrad) and, with 1x128 blocks, column-wise (its wgrad) too; see
         output_quantizer."""
+        if self.gi_q is None:
+            raise self._no_io("fp8_grad")
         return self.gi_q[2 + _one_d(self.gi_q[2])]
+
+    def _no_io(self, flag: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{self.owner}: {flag}=True under {type(self.recipe).__name__} is not implemented in te "
+            "yet (its outputs would be MXFP8 / NVFP4 tensors); call without it, or use DelayedScaling, "
+            "Float8CurrentScaling or Float8BlockScaling"
+        )
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
         """The quantized weight: fresh (``first`` None: with the column-wise copy only when

@@ -21,6 +21,10 @@ from te_torch._dtypes import TE_DTYPE, te_dtype
 _CPU = torch.device("cpu")
 _CUDA = int(_C.DeviceType.CUDA)
 _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
+_BLOCK_2D = int(_C.ScalingMode.BLOCK_2D)
+_MXFP8 = int(_C.ScalingMode.MXFP8_1D)
+_NVFP4 = int(_C.ScalingMode.NVFP4_1D)
+_E2M1 = int(_C.DType.FLOAT4_E2M1)
 _Tensor = _C.Tensor
 _QuantizedTensor = _C.QuantizedTensor
 _GemmConfig = _C.GemmConfig
@@ -201,6 +205,112 @@ def dequantize(
     return out
 
 
+# -- MXFP8 / NVFP4 (te/tensor.h) -----------------------------------------------------------------
+# Storage: MXFP8 data is torch float8 (e4m3fn / e5m2); NVFP4 data is uint8 holding two E2M1
+# elements per byte (te's packing: first element in the low nibble), so a copy of logical shape
+# [..., C] is stored [..., C / 2]. Scale tables are uint8 bytes (E8M0 for MXFP8, E4M3 for NVFP4),
+# as TE stores them: torch >= 2.4 (te_torch's floor) has no float8_e8m0fnu everywhere. te's
+# descriptors take the logical shape and the te dtype, so these parts go to te-core through
+# mx_specs(), never spec().
+
+_MX_SCALE_TE = {_MXFP8: int(_C.DType.FLOAT8_E8M0), _NVFP4: int(_C.DType.FLOAT8_E4M3)}
+
+
+def e2m1_spec(t: torch.Tensor | None) -> tuple | None:
+    """The te_tensor spec of packed E2M1 bytes [..., C / 2]: dtype FLOAT4_E2M1, shape [..., C]."""
+    if t is None:
+        return None
+    return (t.data_ptr(), _E2M1, (*t.shape[:-1], t.shape[-1] * 2), t.get_device())
+
+
+def quantize_mx(
+    x: torch.Tensor,
+    mode: int,
+    data_dtype: torch.dtype | None,
+    rowwise: bool,
+    columnwise: bool,
+    config: _C.QuantConfig,
+    columnwise_rht: bool = False,
+) -> tuple:
+    """te_quantize of ``x`` ([..., K], fp32/bf16/fp16) into MXFP8_1D or NVFP4_1D ``mode``.
+
+    Returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax), None
+    where absent: row-wise data [..., K], column-wise [K, M] (M = numel / K), each with its
+    block-scale table (te/tensor.h: [roundup(rows, 128), roundup(ceil(cols / block), 4)], the
+    padding never written); NVFP4 data packed as above and ``amax`` its fp32 [2] global amaxes
+    (row-wise, column-wise copy); MXFP8 has no amax (None). ``data_dtype``: the MXFP8 element
+    dtype (ignored for NVFP4). ``config`` carries 2-D tiles and stochastic rounding;
+    ``columnwise_rht`` (NVFP4): the column-wise copy holds the Hadamard-transformed source.
+    """
+    if not x.is_contiguous():
+        x = x.contiguous()
+    x_te = TE_DTYPE.get(x.dtype)
+    if x_te is None:
+        x_te = te_dtype(x.dtype, "x")  # raises TypeError naming x
+    shape = x.shape
+    dev = x.get_device()
+    device = x.device
+    nvfp4 = mode == _NVFP4
+    rs_shape, cd_shape, cs_shape = part_shapes(shape, mode)
+    rd = rs = cd = cs = amax = None
+    rd_ptr = rs_ptr = cd_ptr = cs_ptr = 0
+    if rowwise:
+        if nvfp4:  # te validates K even before writing (a shorter buffer is never written)
+            rd = _empty((*shape[:-1], shape[-1] // 2), dtype=torch.uint8, device=device)
+        else:
+            rd = torch.empty_like(x, dtype=data_dtype)
+        rs = _empty(rs_shape, dtype=torch.uint8, device=device)
+        rd_ptr, rs_ptr = rd.data_ptr(), rs.data_ptr()
+    else:
+        rs_shape = None
+    if columnwise:
+        stored = (cd_shape[0], cd_shape[1] // 2) if nvfp4 else cd_shape
+        cd = _empty(stored, dtype=torch.uint8 if nvfp4 else data_dtype, device=device)
+        cs = _empty(cs_shape, dtype=torch.uint8, device=device)
+        cd_ptr, cs_ptr = cd.data_ptr(), cs.data_ptr()
+    else:
+        cd_shape = cs_shape = None
+    if nvfp4:
+        amax = _empty((2,), dtype=torch.float32, device=device)
+    _quantize_flat(
+        x.data_ptr(), x_te, shape, dev, mode, _E2M1 if nvfp4 else TE_DTYPE[data_dtype],
+        rd_ptr, rs_ptr, rs_shape, cd_ptr, cd_shape, cs_ptr, cs_shape, spec(amax), None, config,
+        _raw_stream(dev) if dev >= 0 else 0, columnwise_rht,
+    )  # fmt: skip
+    return rd, rs, cd, cs, amax
+
+
+def mx_specs(op: tuple) -> tuple:
+    """The te_tensor specs of an MXFP8 / NVFP4 operand tuple's parts (Operand, below):
+    (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax, rht)."""
+    mode, rd, rs, cd, cs = op[:5]
+    amax, rht = (op[5], op[6]) if len(op) > 5 else (None, False)
+    data = e2m1_spec if mode == _NVFP4 else spec
+    s_te = _MX_SCALE_TE.get(mode)  # None: another mode (te_gemm's error names the mix)
+
+    def scales(t):
+        if t is None or s_te is None:
+            return spec(t)
+        return (t.data_ptr(), s_te, t.shape, t.get_device())
+
+    return data(rd), scales(rs), data(cd), scales(cs), spec(amax), rht
+
+
+def dequantize_mx(op: tuple, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """te_dequantize of an MXFP8 / NVFP4 operand tuple into a new ``dtype`` tensor of the
+    source's ``shape`` [..., K]: reads the row-wise copy if present, else the column-wise one
+    (transposed back, and for NVFP4 with the Hadamard transform undone)."""
+    rd, rs, cd, cs, amax, rht = mx_specs(op)
+    src = op[1] if op[1] is not None else op[3]
+    out = _empty(shape, dtype=dtype, device=src.device)
+    dev = out.get_device()
+    _dequantize_flat(
+        op[0], rd, rs, cd, cs, (out.data_ptr(), TE_DTYPE[out.dtype], out.shape, dev),
+        _raw_stream(dev) if dev >= 0 else 0, amax, rht,
+    )  # fmt: skip
+    return out
+
+
 def transpose(data: torch.Tensor) -> torch.Tensor:
     """[..., K] viewed as [M, K] -> a new contiguous [K, M] (any 1-, 2- or 4-byte dtype)."""
     if not data.is_contiguous():
@@ -214,7 +324,8 @@ def transpose(data: torch.Tensor) -> torch.Tensor:
 
 # (scaling_mode, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv), None
 # where absent: one GEMM operand as te_quantized_tensor sees it. A high-precision operand is
-# (PER_TENSOR, data, None, None, None).
+# (PER_TENSOR, data, None, None, None). An NVFP4 operand has two more entries, (..., amax, rht):
+# its fp32 [2] global amaxes and whether its column-wise copy carries the Hadamard transform.
 Operand = tuple
 
 
@@ -275,6 +386,15 @@ def gemm(
     elif epilogue == _BGRAD:
         bias_grad = _empty((math.prod(out_shape[:-1]),), dtype=out.dtype, device=src.device)
         bias_grad_s = spec(bias_grad)
+    if a[0] > _BLOCK_2D or b[0] > _BLOCK_2D:  # MXFP8 / NVFP4: byte scales, packed E2M1, amaxes
+        a_rd, a_rs, a_cd, a_cs, a_amax, a_rht = mx_specs(a)
+        b_rd, b_rs, b_cd, b_cs, b_amax, b_rht = mx_specs(b)
+        _gemm_flat(
+            a[0], a_rd, a_rs, a_cd, a_cs, b[0], b_rd, b_rs, b_cd, b_cs,
+            (out.data_ptr(), d_te, out.shape, out.get_device()), config, spec(bias), aux_s,
+            bias_grad_s, stream, a_amax, b_amax, a_rht, b_rht,
+        )  # fmt: skip
+        return out, aux, bias_grad
     # The operands' parts as (ptr, dtype, shape, device) tuples, inline: no call per part.
     T = TE_DTYPE
     a_mode, ard, ars, acd, acs = a

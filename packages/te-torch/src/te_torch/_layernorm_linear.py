@@ -14,7 +14,7 @@ import torch
 from te_torch import _autocast
 from te_torch._availability import default_device
 from te_torch._fp8_io import check_flags, io_quantizers
-from te_torch._gemm_state import GemmState
+from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear, norm
 from te_torch._layernorm_linear_fn import LayerNormLinearFn
 from te_torch._linear import linear_params, register_linear_params, reset_linear_params
@@ -111,6 +111,7 @@ class LayerNormLinear(SingleGemmModule):
             )
         register_norm_params(self, in_features, self._rms, params_dtype, device)
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
+        self._features = (("in_features", in_features), ("out_features", out_features))
         self._gemm = GemmState("te.LayerNormLinear")
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
@@ -166,6 +167,8 @@ class LayerNormLinear(SingleGemmModule):
                 c = self._gemm.context(s.recipe, s.group, weight.device)
             if c.delayed:
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
+            elif c.block:
+                check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
             res = LayerNormLinearFn.apply(
                 inp,
                 ln_w,

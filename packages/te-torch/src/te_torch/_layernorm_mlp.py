@@ -19,7 +19,7 @@ from te_core._ops import ACTIVATIONS
 
 from te_torch import _autocast
 from te_torch._availability import default_device
-from te_torch._gemm_state import GemmState
+from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import activation, linear, norm
 from te_torch._layernorm_mlp_fn import LayerNormMLPFn
 from te_torch._model_init import quantize_module_weights
@@ -143,6 +143,7 @@ class LayerNormMLP(QuantizedModule):
         self.fc1_bias = param(fc1_out) if bias else None
         self.fc2_weight = param(hidden_size, ffn_hidden_size)
         self.fc2_bias = param(hidden_size) if bias else None
+        self._features = (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size))
         self._fc1, self._fc2 = GemmState("te.LayerNormMLP"), GemmState("te.LayerNormMLP")
         self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
         self.reset_parameters()
@@ -189,6 +190,8 @@ class LayerNormMLP(QuantizedModule):
             if c1.delayed:
                 _autocast.register_forward(c1.fwd_key, c1.recipe, c1.fwd)
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
+            elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
+                check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
             res = LayerNormMLPFn.apply(
                 inp,
                 ln_w,

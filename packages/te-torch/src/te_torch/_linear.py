@@ -24,7 +24,7 @@ import torch
 from te_torch import _autocast
 from te_torch._availability import default_device
 from te_torch._fp8_io import check_flags, io_quantizers
-from te_torch._gemm_state import GemmState
+from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear
 from te_torch._linear_fn import LinearFn, LinearIOFn
 from te_torch._model_init import quantize_module_weights
@@ -149,6 +149,7 @@ class Linear(SingleGemmModule):
                 "Linear: fuse_wgrad_accumulation with parameters_split is not implemented yet"
             )
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
+        self._features = (("in_features", in_features), ("out_features", out_features))
         self._gemm = GemmState("te.Linear")
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
@@ -205,6 +206,8 @@ class Linear(SingleGemmModule):
                 c = self._gemm.context(s.recipe, s.group, weight.device)
             if c.delayed:
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
+            elif c.block:
+                check_dims("Linear", c.recipe, c.block, inp, self._features)
             out = LinearFn.apply(inp, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
         else:
             if s.calibrating:

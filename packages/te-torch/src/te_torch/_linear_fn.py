@@ -15,7 +15,10 @@ Backward:
     dw = gemm_wgrad(gq, xq)  (or += into weight.main_grad, returning None)      ... _wgrad
 
 Each copy is produced only when a gradient needs it (``needs_input_grad``). The recipe objects
-(quantizers, delayed-scaling state) are _gemm_state.FP8Context.
+(quantizers, delayed-scaling state) are _gemm_state.FP8Context. MXFP8 / NVFP4 run the same
+steps (their quantizers return te_gemm operand tuples too; an NVFP4 one also carries its global
+amaxes and whether its column-wise copy holds the Hadamard transform), except that dy is
+quantized on its own and the bias gradient summed beside it (_fused.dbias_quantize_operand).
 
 LinearFn is the default call. LinearIOFn adds TE's ``fp8_output`` / ``fp8_grad`` and a quantized
 input used as it is (_fp8_io): y and/or dx are returned quantized, and xq is the input's own
@@ -77,11 +80,29 @@ _DEFAULT_EPILOGUE, _BIAS_EPILOGUE = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BI
 
 
 def _row(op: tuple) -> tuple:
-    return op[0], op[1], op[2], None, None
+    """The operand with only its row-wise copy (an NVFP4 operand keeps its amax and rht)."""
+    if len(op) == 5:
+        return op[0], op[1], op[2], None, None
+    return op[0], op[1], op[2], None, None, op[5], op[6]
 
 
 def _col(op: tuple) -> tuple:
-    return op[0], None, None, op[3], op[4]
+    """The operand with only its column-wise copy."""
+    if len(op) == 5:
+        return op[0], None, None, op[3], op[4]
+    return op[0], None, None, op[3], op[4], op[5], op[6]
+
+
+def _saved_col(mode: int, data, scale_inv, amax, rht: bool) -> tuple:
+    """A column-wise copy saved for backward as an operand again (NVFP4: with amax, rht)."""
+    if amax is None:
+        return mode, None, None, data, scale_inv
+    return mode, None, None, data, scale_inv, amax, rht
+
+
+def _amax_rht(op: tuple, keep: bool) -> tuple:
+    """(amax, rht) of an NVFP4 operand to save (``keep``), else (None, False)."""
+    return (op[5], op[6]) if keep and len(op) > 5 else (None, False)
 
 
 def _split(flag) -> int:
@@ -119,11 +140,12 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
             gq, db = _fused.dbias_quantize_operand(dy, q, ctx.b_dtype)
         else:
             gq = q._operand(dy)
-    xcd, xcs, wcd, wcs = ctx.saved_tensors
+    xcd, xcs, wcd, wcs, x_amax, w_amax = ctx.saved_tensors
     x_mode, w_mode = ctx.modes
+    x_rht, w_rht = ctx.rht
     if need_dx:
         shape, split = (*dy.shape[:-1], ctx.in_features), _split(c.split[1])
-        wc = (w_mode, None, None, wcd, wcs)
+        wc = _saved_col(w_mode, wcd, wcs, w_amax, w_rht)
         if gi_q is None:
             dx = _gemm(
                 _row(gq), wc, *_DGRAD, shape, dy.dtype, None, False, _DEFAULT_EPILOGUE, None, None, split
@@ -131,7 +153,7 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
         else:
             dx = gemm_quantized(c, gi_q, _row(gq), wc, *_DGRAD, shape, dy.dtype, None, split)
     if need_dw:
-        xc = (x_mode, None, None, xcd, xcs)
+        xc = _saved_col(x_mode, xcd, xcs, x_amax, x_rht)
         shape = (dy.shape[-1], ctx.in_features)
         if ctx.fuse:
             w = ctx.weight
@@ -152,11 +174,14 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
 
 def _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad) -> None:
     # Only the column-wise copies are read again (wgrad: x's, dgrad: W's).
+    # NVFP4 copies with their global amaxes and transform flags.
+    (x_amax, x_rht), (w_amax, w_rht) = _amax_rht(xq, need_dw), _amax_rht(wq, need_dx)
     ctx.save_for_backward(
         xq[3] if need_dw else None, xq[4] if need_dw else None,
-        wq[3] if need_dx else None, wq[4] if need_dx else None,
+        wq[3] if need_dx else None, wq[4] if need_dx else None, x_amax, w_amax,
     )  # fmt: skip
     ctx.modes = xq[0], wq[0]
+    ctx.rht = x_rht, w_rht
     ctx.c = c
     ctx.fuse = fuse_wgrad
     ctx.weight = weight if fuse_wgrad else None

@@ -6,7 +6,9 @@ quantized tensor as the parameter; the high-precision values are dropped (kept o
 with ``preserve_high_precision_init_val``). Per-tensor recipes (DelayedScaling,
 Float8CurrentScaling) give a ``Float8Tensor`` with both copies (row-wise for fprop, column-wise
 for dgrad), Float8BlockScaling a ``Float8BlockwiseQTensor`` with the recipe's
-``w_block_scaling_dim``.
+``w_block_scaling_dim``, MXFP8BlockScaling an E4M3 ``MXFP8Tensor`` (32x32 tiles with
+``enable_2d_quantization``, else 1x32 blocks) and NVFP4BlockScaling an ``NVFP4Tensor`` quantized
+as the recipe quantizes weights (16x16 tiles unless ``disable_2d_quantization``).
 
 Why a per-tensor weight is current-scaled even under DelayedScaling: a stored weight is quantized
 only when it changes (at init and at each ``param.quantize_(master)`` after an optimizer step), so
@@ -29,6 +31,8 @@ from te_core.recipe import Recipe
 from te_torch._availability import get_default_recipe
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor
+from te_torch._mx_quantizers import MXFP8Quantizer, NVFP4Quantizer
+from te_torch._mx_tensor import MXFP8Tensor, NVFP4Tensor
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, Quantizer
 
@@ -57,13 +61,14 @@ def _check_recipe(recipe) -> Recipe:
     if not isinstance(recipe, Recipe):
         raise TypeError(
             "quantized_model_init: recipe: expected a te.recipe recipe (DelayedScaling(), "
-            f"Float8CurrentScaling(), Float8BlockScaling()) or None, got {type(recipe).__name__}"
+            "Float8CurrentScaling(), Float8BlockScaling(), MXFP8BlockScaling(), "
+            f"NVFP4BlockScaling()) or None, got {type(recipe).__name__}"
         )
-    if not (recipe.delayed() or recipe.float8_current_scaling() or recipe.float8_block_scaling()):
+    if recipe.custom():
         raise NotImplementedError(
-            f"quantized_model_init: recipe: {type(recipe).__name__} weights are not supported yet "
-            "(te-core has no MXFP8 / NVFP4 quantization yet); use DelayedScaling, "
-            "Float8CurrentScaling or Float8BlockScaling"
+            "quantized_model_init: recipe: CustomRecipe weights are not supported yet; use "
+            "DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling or "
+            "NVFP4BlockScaling"
         )
     return recipe
 
@@ -78,7 +83,9 @@ class quantized_model_init:  # noqa: N801 (TE's name)
             Float8CurrentScaling -> ``Float8Tensor`` (E4M3, one current-scaled fp32 scale,
             row-wise [out, in] and column-wise [in, out] FP8 copies); Float8BlockScaling ->
             ``Float8BlockwiseQTensor`` (``w_block_scaling_dim``: 128x128 tiles or 1x128 blocks,
-            both copies). None: ``te.get_default_recipe()``.
+            both copies); MXFP8BlockScaling -> ``MXFP8Tensor`` (E4M3, both copies; 32x32 tiles
+            with ``enable_2d_quantization``); NVFP4BlockScaling -> ``NVFP4Tensor`` (both copies;
+            16x16 tiles unless ``disable_2d_quantization``). None: ``te.get_default_recipe()``.
         preserve_high_precision_init_val: keep a CPU copy of each weight's initial
             high-precision value, read with ``param.get_high_precision_init_val()`` and freed with
             ``param.clear_high_precision_init_val()`` (e.g. to seed fp32 master weights exactly).
@@ -87,8 +94,9 @@ class quantized_model_init:  # noqa: N801 (TE's name)
     ``parameters_split`` or on the meta device) then behave as follows:
 
     - inside ``te.autocast`` with a recipe of the weight's family (per-tensor: DelayedScaling or
-      Float8CurrentScaling; block: Float8BlockScaling with the same ``w_block_scaling_dim``) the
-      GEMMs read the stored FP8 weight directly; any other recipe raises ValueError.
+      Float8CurrentScaling; block: Float8BlockScaling with the same ``w_block_scaling_dim``;
+      MXFP8BlockScaling / NVFP4BlockScaling with the same weight tiling) the GEMMs read the
+      stored weight directly; any other recipe raises ValueError.
       ``is_first_microbatch`` has nothing to cache and is ignored;
     - outside ``te.autocast`` the weight is dequantized into the input's dtype and the layer runs
       in high precision;
@@ -170,6 +178,13 @@ def fp8_model_init(
 
 def weight_quantizer(recipe: Recipe, device: torch.device) -> Quantizer:
     """The quantizer a stored weight of ``recipe`` is made (and re-quantized) with."""
+    if recipe.mxfp8():  # the forward format is E4M3 under E4M3 and HYBRID alike
+        return MXFP8Quantizer(_E4M3, with_2d_quantization=recipe.enable_2d_quantization)
+    if recipe.nvfp4():
+        qp = recipe.fp4_quant_fwd_weight
+        return NVFP4Quantizer(
+            with_2d_quantization=qp.fp4_2d_quantization, stochastic_rounding=qp.stochastic_rounding
+        )
     if recipe.float8_block_scaling():
         qp = recipe.fp8_quant_fwd_weight
         return Float8BlockQuantizer(
@@ -226,6 +241,10 @@ def _family(weight: QuantizedTensor) -> str:
     if isinstance(weight, Float8BlockwiseQTensor):
         dim = 2 if weight._is_2D_scaled else 1
         return f"Float8BlockScaling(w_block_scaling_dim={dim})"
+    if isinstance(weight, MXFP8Tensor):
+        return f"MXFP8BlockScaling(enable_2d_quantization={weight._with_2d_quantization})"
+    if isinstance(weight, NVFP4Tensor):
+        return f"NVFP4BlockScaling(disable_2d_quantization={not weight._with_2d_quantization})"
     return _PER_TENSOR_HINT
 
 
@@ -238,6 +257,16 @@ def check_stored_weight(weight: QuantizedTensor, recipe: Recipe, need_columnwise
     elif isinstance(weight, Float8BlockwiseQTensor):
         ok = recipe.float8_block_scaling() and (recipe.w_block_scaling_dim == 2) == weight._is_2D_scaled
         op = (weight._mode, *weight._parts())
+    elif isinstance(weight, MXFP8Tensor):
+        ok = recipe.mxfp8() and recipe.enable_2d_quantization == weight._with_2d_quantization
+        op = weight._operand()
+    elif isinstance(weight, NVFP4Tensor):
+        ok = (
+            recipe.nvfp4()
+            and recipe.fp4_quant_fwd_weight.fp4_2d_quantization == weight._with_2d_quantization
+            and not weight._columnwise_rht
+        )
+        op = weight._operand()
     else:
         ok, op = False, None
     if not ok:

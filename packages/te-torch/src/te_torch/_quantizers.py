@@ -66,6 +66,8 @@ class Quantizer:
 
     rowwise_usage: bool
     columnwise_usage: bool
+    # Whether te's fused kernels (norm, activation, dbias) can write this quantizer's format.
+    _fusable = True
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True) -> None:
         self.rowwise_usage = bool(rowwise)

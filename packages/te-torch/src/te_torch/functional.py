@@ -14,7 +14,8 @@ function                               computes                            epilo
 
 Shapes: x [..., K], w [N, K], dy [..., N]; leading dims flatten into rows (wgrad sums over
 them). Operands are plain torch tensors (float32 / bfloat16 / float16, both the same dtype) or
-te quantized tensors (``Float8Tensor``, ``Float8BlockwiseQTensor``; both quantized). An FP8
+te quantized tensors (``Float8Tensor``, ``Float8BlockwiseQTensor``, ``MXFP8Tensor``,
+``NVFP4Tensor``; both quantized, of one family). An FP8
 GEMM reads each operand with K contiguous, so each function reads a fixed copy:
 
     gemm        x row-wise,        w row-wise
@@ -23,7 +24,10 @@ GEMM reads each operand with K contiguous, so each function reads a fixed copy:
 
 A quantized operand missing that copy is te's ValueError naming it (quantize with that usage).
 Supported FP8 pairs are te_gemm's: per-tensor E4M3 x E4M3 / E4M3 x E5M2 / E5M2 x E4M3; block
-1x128 x 128x128 and 1x128 x 1x128 (at most one 128x128 operand).
+1x128 x 128x128 and 1x128 x 1x128 (at most one 128x128 operand); MXFP8 x MXFP8 (not E5M2 x
+E5M2) and NVFP4 x NVFP4 (the Hadamard transform on both column-wise copies or neither). MXFP8 and
+NVFP4 run emulated on every device te has (block-dequantized to BF16, then the BF16 GEMM with fp32
+accumulation; te-core logs this once, at INFO, to the ``te`` logger) and eagerly only.
 
 Common keyword arguments:
     out_dtype: float32, bfloat16 or float16; default the first operand's (high-precision) dtype,
@@ -50,6 +54,7 @@ from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._dtypes import TE_DTYPE, te_dtype
 from te_torch._float8_tensor import Float8Tensor
+from te_torch._mx_tensor import _MXTensor, not_traceable
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 
 __all__ = ["gemm", "gemm_dgrad", "gemm_wgrad"]
@@ -205,10 +210,18 @@ def _operand(t: torch.Tensor, rowwise: bool, name: str) -> _kernels.Operand:
                 t._columnwise_data,
                 t._columnwise_scale_inv,
             )
+        elif isinstance(t, _MXTensor):
+            op = t._operand()  # NVFP4: (..., amax, rht) after the four parts
+            mode, rd, rs, cd, cs = op[:5]
+            if rowwise and rd is not None:
+                return (mode, rd, rs, None, None, *op[5:])
+            if not rowwise and cd is not None:
+                return (mode, None, None, cd, cs, *op[5:])
+            return op  # the copy this layout needs is missing: te's error names it
         else:
             raise TypeError(
-                f"{name}: te_gemm takes Float8Tensor and Float8BlockwiseQTensor operands, got "
-                f"{type(t).__name__}"
+                f"{name}: te_gemm takes Float8Tensor, Float8BlockwiseQTensor, MXFP8Tensor and "
+                f"NVFP4Tensor operands, got {type(t).__name__}"
             )
         if rowwise:
             if rd is not None:
@@ -249,6 +262,8 @@ def _gemm(a, b, trans_a, trans_b, out_shape, out_dtype, out, accumulate, epilogu
         return _kernels.gemm(
             a, b, trans_a, trans_b, out, out_shape, out_dtype, accumulate, epilogue, bias, gelu_input, split
         )
+    if a[0] > _BLOCK_2D or b[0] > _BLOCK_2D:
+        raise not_traceable("te_gemm")
     d, aux, bias_grad = torch.ops.te.gemm(
         *a[1:],
         a[0],
