@@ -111,8 +111,7 @@ def _mx(fmt: str) -> tuple[bool, str]:
     # False on a GPU, as TE answers where its GEMM is not native: code that picks a recipe by
     # availability should not land on one slower than BF16. The recipe is still accepted.
     return False, (
-        f"emulated on compute capability {here}: {native}; {how}; the recipe still runs, slower "
-        "than BF16"
+        f"emulated on compute capability {here}: {native}; {how}; the recipe still runs, slower than BF16"
     )
 
 
