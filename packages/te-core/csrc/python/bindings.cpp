@@ -292,7 +292,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<te_quant_config>(m, "QuantConfig", "te_quant_config")
       .def(py::init([](bool compute_scale, bool use_existing_amax, bool force_pow2_scales,
                        float amax_epsilon, bool with_2d_quantization, bool stochastic_rounding,
-                       uint64_t rng_seed, uint64_t rng_offset) {
+                       uint64_t rng_seed, uint64_t rng_offset, std::optional<te_tensor> rng_state) {
              te_quant_config c = te_quant_config_init();
              c.compute_scale = compute_scale;
              c.use_existing_amax = use_existing_amax;
@@ -302,12 +302,13 @@ PYBIND11_MODULE(_C, m) {
              c.stochastic_rounding = stochastic_rounding;
              c.rng_seed = rng_seed;
              c.rng_offset = rng_offset;
+             c.rng_state = or_absent(rng_state);
              return c;
            }),
            py::arg("compute_scale") = false, py::arg("use_existing_amax") = false,
            py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f,
            py::arg("with_2d_quantization") = false, py::arg("stochastic_rounding") = false,
-           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0)
+           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0, py::arg("rng_state") = py::none())
       .def_readwrite("struct_size", &te_quant_config::struct_size)
       .def_readwrite("compute_scale", &te_quant_config::compute_scale)
       .def_readwrite("use_existing_amax", &te_quant_config::use_existing_amax)
@@ -316,7 +317,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("with_2d_quantization", &te_quant_config::with_2d_quantization)
       .def_readwrite("stochastic_rounding", &te_quant_config::stochastic_rounding)
       .def_readwrite("rng_seed", &te_quant_config::rng_seed)
-      .def_readwrite("rng_offset", &te_quant_config::rng_offset);
+      .def_readwrite("rng_offset", &te_quant_config::rng_offset)
+      .def_readwrite("rng_state", &te_quant_config::rng_state);
 
   py::enum_<te_gemm_epilogue>(m, "Epilogue")
       .value("DEFAULT", TE_EPILOGUE_DEFAULT)
