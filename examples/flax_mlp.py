@@ -5,7 +5,7 @@ LayerNormDenseGeneral head. The task (synthetic, so the example needs no downloa
 outputs of a fixed random "teacher" network of the same shape on random token vectors. Every
 recipe trains from the same initial parameters on the same batches, with AdamW; the table shows
 the loss along the way and the time per step. Runs on a GPU when jax sees one, otherwise on
-te's CPU backend (same numbers; MXFP8 and NVFP4 are emulated everywhere).
+te's CPU backend (same numbers; MXFP8 and NVFP4 GEMMs run by BF16 block dequantization everywhere).
 
     nox -s jax_example     # or: python examples/flax_mlp.py [--steps 60 --recipes bf16,delayed]
     python examples/flax_mlp.py --data-parallel 4   # the batch split over 4 (host) devices

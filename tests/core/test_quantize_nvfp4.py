@@ -135,6 +135,21 @@ def test_nvfp4_stochastic_rounding(shape, tile_2d):
     assert not np.array_equal(other.rowwise, q.rowwise)
 
 
+@pytest.mark.parametrize("tile_2d", [False, True], ids=["1d", "2d"])
+def test_nvfp4_rng_state_on_the_device_is_the_seed_and_offset(tile_2d):
+    """config->rng_state {seed, offset} (int64 [2], read where the kernel runs) gives the bits that
+    rng_seed / rng_offset give, and overrides them."""
+    x = awkward(rng_for("nvfp4-rng-state", tile_2d), (32, 48), np.float32, specials=False)
+    seed, offset = 0xFEDC_BA98_7654_3210, 2**40 + 5
+    want = run(x, tile_2d, sr=True, seed=seed, offset=offset)
+    state = np.array([seed, offset], np.uint64).view(np.int64)
+    cfg = config(tile_2d, sr=True, seed=1, offset=2)  # ignored: rng_state wins
+    cfg.rng_state = tensor(state, int(_C.DType.INT64))
+    got = MxQuantized("nvfp4", x.shape).quantize(x, cfg)
+    assert_bits_equal(got.rowwise, want.rowwise, "rowwise")
+    assert_bits_equal(got.columnwise, want.columnwise, "columnwise")
+
+
 def test_nvfp4_stochastic_rounding_is_unbiased():
     """Averaged over many offsets, stochastically rounded values approach the source; round to
     nearest keeps its bias."""
@@ -358,3 +373,29 @@ def test_nvfp4_errors():
     cfg = _C.QuantConfig()
     cfg.stochastic_rounding = 3
     raises(ValueError, "config->stochastic_rounding: expected 0 or 1, got 3", x, good.descriptor(), cfg)
+    state = np.zeros(2, np.int64)
+    raises(
+        ValueError,
+        "config->rng_state: only read with stochastic_rounding = 1, got a buffer with 0",
+        x,
+        good.descriptor(),
+        _C.QuantConfig(rng_state=tensor(state, int(_C.DType.INT64))),
+    )
+    raises(
+        ValueError,
+        "config->rng_state.dtype: expected int64, got int32",
+        x,
+        good.descriptor(),
+        _C.QuantConfig(
+            stochastic_rounding=True, rng_state=tensor(np.zeros(4, np.int32), int(_C.DType.INT32))
+        ),
+    )
+    raises(
+        ValueError,
+        "config->rng_state.shape: expected 2 elements, got [3]",
+        x,
+        good.descriptor(),
+        _C.QuantConfig(
+            stochastic_rounding=True, rng_state=tensor(np.zeros(3, np.int64), int(_C.DType.INT64))
+        ),
+    )

@@ -5,8 +5,9 @@ Inputs and parameters are made once on the CPU and copied to the GPU. Tolerances
 relative error, GPU vs CPU): outputs 1e-5 in fp32 high precision (gradients 5e-5: a bias
 gradient is a sum over 512 tokens with cancellation, and cuBLAS sums in another order), 3e-2
 under FP8 recipes (gradients 1e-1: bias and norm-parameter gradients are sums over 512 tokens
-of E5M2 values, measured up to 6.4% apart; MXFP8's emulation included: its block scales re-quantize GEMM
-results too); 1e-2 in bfloat16; the next DelayedScaling state to 1e-3. Under FP8 the backends differ first by the
+of E5M2 values, measured up to 6.4% apart; MXFP8 and NVFP4 included: their block scales re-quantize
+GEMM results too, and NVFP4's stochastic rounding draws the same Philox bits on both backends); 1e-2 in
+bfloat16; the next DelayedScaling state to 1e-3. Under FP8 the backends differ first by the
 H200's FP8 tensor-core rounding (~1e-4; fast accumulation in fprop under Float8CurrentScaling and
 DelayedScaling, ~2e-3: tests/gpu/test_gemm.py), then every value quantized again from a GEMM
 result (FC2's input, the E5M2 gradient of a loss of y) lands one FP8 step (6-25%) apart where it
@@ -37,6 +38,7 @@ RECIPES = {
     "delayed": recipe.DelayedScaling(amax_history_len=8),
     "block": recipe.Float8BlockScaling(),
     "mxfp8": recipe.MXFP8BlockScaling(),
+    "nvfp4": recipe.NVFP4BlockScaling(),  # stochastic rounding from the "sr_rng" stream
 }
 
 
@@ -54,7 +56,7 @@ def _run(model, r, x, device):
 
         def loss(params, metas, x):
             v = {"params": params} if metas is None else {"params": params, "fp8_metas": metas}
-            out = model.apply(v, x)
+            out = model.apply(v, x, rngs={"sr_rng": jax.random.PRNGKey(3)})
             y = out[0] if isinstance(out, tuple) else out
             return jnp.mean(jnp.sin(y.astype(jnp.float32)))
 
@@ -71,7 +73,10 @@ MODELS = {
         intermediate_dim=512, activations=("silu", "linear"), layernorm_type="rmsnorm"
     ),
 }
-CASES = [(m, r) for m in MODELS for r in ("hp", "current", "delayed", "block")] + [("mlp_gelu", "mxfp8")]
+CASES = [(m, r) for m in MODELS for r in ("hp", "current", "delayed", "block")] + [
+    ("mlp_gelu", "mxfp8"),
+    ("mlp_gelu", "nvfp4"),
+]
 
 
 @pytest.mark.parametrize("model_name,recipe_name", CASES)

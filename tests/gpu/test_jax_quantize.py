@@ -1,4 +1,5 @@
-"""te_jax.quantize on a CUDA device against the same call on the CPU backend, bit for bit.
+"""te_jax.quantize on a CUDA device against the same call on the CPU backend, bit for bit (every
+scaling mode, MXFP8 and NVFP4 included), and te_jax.gemm of MXFP8 / NVFP4 operands.
 
 Skipped, with the reason, where jax sees no GPU or te-core was built without CUDA. Run on the GPU
 machine: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/gpu/test_jax_quantize.py
@@ -105,3 +106,70 @@ def test_cuda_delayed_amax_accumulates_on_device():
 
     assert np.asarray(step(jax.device_put(jnp.zeros((1,)), GPU))).tolist() == [12.0]
     assert np.asarray(step(jax.device_put(jnp.asarray([20.0]), GPU))).tolist() == [20.0]
+
+
+MX_CASES = [
+    ("mxfp8_1d", dict(dtype=jnp.float8_e4m3fn)),
+    ("mxfp8_1d", dict(dtype=jnp.float8_e5m2, with_2d_quantization=True)),
+    ("nvfp4_1d", {}),
+    ("nvfp4_1d", dict(with_2d_quantization=True)),
+    ("nvfp4_1d", dict(columnwise_rht=True)),
+    ("nvfp4_1d", dict(columnwise_rht=True, rng=True)),
+]
+
+
+@pytest.mark.parametrize("shape", [(160, 258), (2, 64, 96)], ids=str)
+@pytest.mark.parametrize("src", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("mode,kw", MX_CASES, ids=lambda c: str(c))
+def test_mx_cuda_matches_cpu_bit_for_bit(mode, kw, src, shape):
+    """te_jax's MXFP8 / NVFP4 on CUDA and CPU: every byte (scale padding left out), the amaxes,
+    and dequantize. Stochastic rounding takes the key as a jit argument: the Philox seed is
+    computed on the device and read there by the kernel."""
+    x = np.asarray(_random(shape, np.float32, seed=shape[-1]), np.float32)
+    x = jnp.asarray(np.nan_to_num(x, posinf=1e4, neginf=-1e4) / 100, src)  # NVFP4: one finite amax
+    kw = dict(kw)
+    sr = kw.pop("rng", False)
+
+    def fn(x, key):
+        return te_jax.quantize(x, scaling_mode=mode, columnwise=True, rng=key if sr else None, **kw)
+
+    args = (x, jax.random.PRNGKey(5))
+    q_cpu, q_gpu = _on(CPU, fn, *args), _on(GPU, fn, *args)
+    m = math.prod(shape[:-1])
+    k = shape[-1]
+    block = 32 if mode == "mxfp8_1d" else 16
+    valid = {"scale_inv": (m, -(-k // block)), "columnwise_scale_inv": (k, -(-m // block))}
+    for name in PARTS:
+        a, b = getattr(q_cpu, name), getattr(q_gpu, name)
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+        if name in valid:
+            r, c = valid[name]
+            a, b = a[:r, :c], b[:r, :c]
+        view = np.uint8 if a.dtype.itemsize == 1 else np.uint32
+        np.testing.assert_array_equal(
+            b.view(view), a.view(view), err_msg=f"{name} differs between CUDA and CPU"
+        )
+    y_cpu = _on(CPU, lambda q: q.dequantize(jnp.float32), q_cpu)
+    y_gpu = _on(GPU, lambda q: q.dequantize(jnp.float32), q_gpu)
+    np.testing.assert_array_equal(np.asarray(y_gpu).view(np.uint32), np.asarray(y_cpu).view(np.uint32))
+
+
+@pytest.mark.parametrize("mode", ["mxfp8_1d", "nvfp4_1d"])
+def test_mx_gemm_cuda_matches_cpu(mode):
+    """te_gemm's BF16 block-dequantized product on CUDA (cuBLASLt) and on the CPU: the same BF16
+    operands, fp32 accumulation in another order (normwise <= 1e-5)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((256, 384)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((128, 384)), jnp.float32)
+
+    def fn(x, w):
+        qx = te_jax.quantize(x, scaling_mode=mode, columnwise=True, columnwise_rht=mode == "nvfp4_1d")
+        qw = te_jax.quantize(w, scaling_mode=mode)
+        return te_jax.gemm(qx, qw), te_jax.gemm(qx, qx, trans_a=True, trans_b=False)
+
+    for c, g in zip(_on(CPU, fn, x, w), _on(GPU, fn, x, w), strict=True):
+        c, g = np.asarray(c, np.float64), np.asarray(g, np.float64)
+        assert np.linalg.norm(g - c) / np.linalg.norm(c) <= 1e-5

@@ -246,6 +246,25 @@ def test_nvfp4_quantize_large(mode):
     compare(cpu, gpu, f"nvfp4 large {mode}")
 
 
+@pytest.mark.parametrize("tile_2d", [False, True], ids=["1d", "2d"])
+def test_nvfp4_rng_state_read_on_the_device(tile_2d):
+    """config->rng_state {seed, offset} in device memory (what te_jax passes under jit): the CUDA
+    kernel reads it and gives the CPU's bits for rng_seed / rng_offset."""
+    torch = _torch()
+    x = gen((160, 258), "bfloat16", ("nvfp4-rng-state", tile_2d), nan=False)
+    seed, offset = 0x0123_4567_89AB_CDEF, 2**35 + 9
+    cpu = quantize(x, "bfloat16", "nvfp4", "cpu", rht=not tile_2d, with_2d_quantization=tile_2d,
+                   stochastic_rounding=True, rng_seed=seed, rng_offset=offset)  # fmt: skip
+    state = torch.tensor([seed - 2**64 if seed >= 2**63 else seed, offset], dtype=torch.int64, device="cuda")
+    xg = x.cuda()
+    gpu = Buffers("nvfp4", x.shape, "cuda", "e4m3", True, True, not tile_2d, None)
+    cfg = _C.QuantConfig(with_2d_quantization=tile_2d, stochastic_rounding=True, rng_seed=1, rng_offset=1)
+    cfg.rng_state = desc(state, int(_C.DType.INT64))
+    _C.quantize(desc(xg, src_enum("bfloat16")), gpu.descriptor(), cfg, stream_of(xg))
+    torch.cuda.synchronize()
+    compare(cpu, gpu, f"nvfp4 rng_state 2d={tile_2d}")
+
+
 @pytest.mark.parametrize("sr", [False, True], ids=["rn", "sr"])
 @pytest.mark.parametrize("dtype", SRC)
 @pytest.mark.parametrize("shape", NV_RHT_SHAPES, ids=str)

@@ -1,5 +1,6 @@
-"""An independent numpy/ml_dtypes oracle for te's FP8 quantization (NUMERICS.md), written from
-the spec, sharing nothing with te-core or te_jax."""
+"""An independent numpy/ml_dtypes oracle for te's FP8, MXFP8 and NVFP4 quantization (NUMERICS.md,
+and te/quantize.h where NUMERICS.md leaves a rounding detail open), written from the spec,
+sharing nothing with te-core or te_jax."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def random_source(rng, shape, dtype) -> np.ndarray:
     return x.astype(dtype)
 
 
-# ---- MXFP8 and NVFP4 (NUMERICS.md), for te_jax's emulation of them ----
+# ---- MXFP8 and NVFP4 (NUMERICS.md; the rounding details te/quantize.h fixes) ----
 
 
 def _blocks(x2, rows, cols):
@@ -148,20 +149,20 @@ def mxfp8(x32, fp8, square=False, block=32) -> np.ndarray:
     b = _blocks(x2, block if square else 1, block)
     sinv = e8m0_scale_inv(np.abs(b).max(axis=(1, 3), keepdims=True), fp8)
     m = np.float32(fp8_max(fp8))
-    q = np.clip(b / sinv, -m, m).astype(fp8)
+    with np.errstate(invalid="ignore"):
+        q = np.clip(b / sinv, -m, m).astype(fp8)
     return _unblocks(q.astype(np.float32) * sinv, x2.shape)
 
 
 E2M1 = ml_dtypes.float4_e2m1fn
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float64)
 RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float32)
 
 
-def rht(x2) -> np.ndarray:
-    """Each run of 16 along the last dim, as a row vector v, to v @ ((1/4) diag(s) H16): signs,
-    then H16 (Sylvester) by the Walsh-Hadamard butterfly in fp32 (stage h: a + b, a - b for
-    the pairs h apart), then * 1/4 (exact)."""
-    m, k = x2.shape
-    v = (x2.reshape(m, k // 16, 16) * RHT_SIGNS).astype(np.float32)
+def _butterfly(v) -> np.ndarray:
+    """H16 (Sylvester) on the last axis by the Walsh-Hadamard butterfly in fp32: stage h = 1, 2,
+    4, 8 maps the pairs h apart to (a + b, a - b)."""
+    v = np.asarray(v, np.float32)
     h = 1
     while h < 16:
         out = v.copy()
@@ -171,7 +172,22 @@ def rht(x2) -> np.ndarray:
             out[..., start + h : start + 2 * h] = a - b
         v = out
         h *= 2
-    return (v * np.float32(0.25)).reshape(m, k)
+    return v
+
+
+def rht(x2) -> np.ndarray:
+    """Each run of 16 along the last dim, as a row vector v, to v @ ((1/4) diag(s) H16): signs,
+    the butterfly, then * 1/4 (exact)."""
+    m, k = x2.shape
+    v = (np.asarray(x2, np.float32).reshape(m, k // 16, 16) * RHT_SIGNS).astype(np.float32)
+    return (_butterfly(v) * np.float32(0.25)).reshape(m, k)
+
+
+def rht_inverse(x2) -> np.ndarray:
+    """rht undone ((H16 / 4)^2 = I): the butterfly, * 1/4, then the signs."""
+    m, k = x2.shape
+    v = _butterfly(np.asarray(x2, np.float32).reshape(m, k // 16, 16)) * np.float32(0.25)
+    return (v * RHT_SIGNS).astype(np.float32).reshape(m, k)
 
 
 def hadamard16() -> np.ndarray:
@@ -182,21 +198,71 @@ def hadamard16() -> np.ndarray:
     return h
 
 
-def nvfp4(x32, square=False, block=16) -> np.ndarray:
-    """NVFP4 quantize-dequantize of the [M, K] view along rows (1x16) or in 16x16 tiles:
-    S_enc = 2688 / global amax (amax 0 -> 1, inf -> FLT_MAX); s_block = e4m3(block amax / 6 *
-    S_enc); q = e2m1(x * S_enc / s_block) (RNE, saturating; 0 where s_block is 0);
-    x ~ q * s_block * (1 / S_enc)."""
+def philox4x32_10(counter: np.ndarray, key) -> np.ndarray:
+    """Philox4x32 with 10 rounds (Salmon et al., SC'11): counters [..., 4] uint32 -> [..., 4]."""
+    c = [np.asarray(counter[..., i], np.uint64) for i in range(4)]
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    lo = np.uint64(0xFFFFFFFF)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & lo, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & lo]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & lo, (k1 + np.uint64(0xBB67AE85)) & lo
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def philox_words(seed: int, offset: int, words) -> np.ndarray:
+    """te_quant_config's stream: word w is lane w % 4 of Philox4x32-10 with key {lo(seed),
+    hi(seed)} and counter {lo(w / 4), hi(w / 4), lo(offset), hi(offset)}."""
+    w = np.asarray(words, np.uint64)
+    q = w >> np.uint64(2)
+    ctr = np.stack(
+        [q & np.uint64(0xFFFFFFFF), q >> np.uint64(32)]
+        + [np.full_like(q, v) for v in (offset & 0xFFFFFFFF, offset >> 32)],
+        axis=-1,
+    )
+    out = philox4x32_10(ctr, (seed & 0xFFFFFFFF, seed >> 32))
+    return np.take_along_axis(out, (w & np.uint64(3)).astype(np.int64)[..., None], axis=-1)[..., 0]
+
+
+def e2m1_stochastic(v, u) -> np.ndarray:
+    """|v| to one of its E2M1 neighbours lo <= |v| < hi: up iff u < (|v| - lo) / (hi - lo) * 2^32
+    (u the 32-bit word, exact in float64); |v| >= 6 -> 6; sign kept."""
+    a = np.abs(np.asarray(v, np.float32)).astype(np.float64)
+    idx = np.clip(np.searchsorted(E2M1_GRID, a, side="right") - 1, 0, 6)
+    lo, hi = E2M1_GRID[idx], E2M1_GRID[idx + 1]
+    up = np.asarray(u, np.float64) < (a - lo) / (hi - lo) * 2.0**32
+    mag = np.where(a >= 6.0, 6.0, np.where(up, hi, lo))
+    return (np.where(np.signbit(v), -1.0, 1.0) * mag).astype(np.float32)
+
+
+def nvfp4_encode_scale(global_amax) -> np.float32:
+    """S_enc = (448 * 6) / amax in fp32; amax 0 or inf -> 1; an inf result -> FLT_MAX."""
+    g = np.float32(global_amax)
+    if not g > 0 or np.isinf(g):
+        return np.float32(1.0)
+    with np.errstate(over="ignore"):
+        s = np.float32(np.float32(448.0 * 6.0) / g)
+    return np.float32(FLT_MAX) if np.isinf(s) else s
+
+
+def nvfp4(x32, square=False, block=16, global_amax=None, words=None, seed=0, offset=0) -> np.ndarray:
+    """NVFP4 quantize-dequantize of the [M, K] view along rows (1x16) or in 16x16 tiles.
+
+    S_enc from the global amax (the view's own unless given); s_block = e4m3((block amax / 6) *
+    S_enc); enc = S_enc / s_block (0 where s_block is 0); q = e2m1(x * enc) (RNE saturating to
+    +-6, or with ``words`` [M, K] the stochastic rounding of te_quant_config by the Philox words
+    of (seed, offset)); x ~ (q * s_block) * (1 / S_enc)."""
     x2 = as_matrix(np.asarray(x32, np.float32))
-    g = amax(x2)
-    with np.errstate(over="ignore", divide="ignore"):
-        s_enc = np.float32(np.float32(448.0 * 6.0) / g) if g > 0 else np.float32(1.0)
-    if np.isinf(s_enc):
-        s_enc = np.float32(FLT_MAX)
+    s_enc = nvfp4_encode_scale(amax(x2) if global_amax is None else global_amax)
     b = _blocks(x2, block if square else 1, block)
     sb = (np.abs(b).max(axis=(1, 3), keepdims=True) / np.float32(6.0)).astype(np.float32) * s_enc
     sb = np.clip(sb, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        v = np.clip((b * s_enc) / sb, -6.0, 6.0).astype(np.float32)
-    q = np.where(sb > 0, np.nan_to_num(v).astype(E2M1).astype(np.float32), np.float32(0.0))
-    return _unblocks((q * sb) * (np.float32(1.0) / s_enc), x2.shape)
+        enc = np.where(sb > 0, (s_enc / sb).astype(np.float32), np.float32(0.0))
+    v = _unblocks((b * np.minimum(enc, FLT_MAX)).astype(np.float32), x2.shape)
+    if words is None:
+        q = np.clip(v, -6.0, 6.0).astype(E2M1).astype(np.float32)
+    else:
+        q = e2m1_stochastic(v, philox_words(seed, offset, words))
+    sbe = _unblocks(np.broadcast_to(sb, b.shape), x2.shape)
+    return ((q * sbe).astype(np.float32) * (np.float32(1.0) / s_enc)).astype(np.float32)

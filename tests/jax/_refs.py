@@ -4,7 +4,8 @@
 - The emulated reference of a recipe (NUMERICS.md "How to test numerics"): every GEMM operand
   quantized and dequantized exactly as the recipe says (the copy each GEMM reads, in its
   format: te_jax.quantize for te's FP8 modes, the numpy oracle in _jax_oracle.py for MXFP8 and
-  NVFP4), then the GEMMs in fp32 with jnp. Norm and activation outputs come from te_jax's
+  NVFP4, whose values te_gemm multiplies rounded to BF16, te/gemm.h), then the GEMMs in fp32
+  with jnp. Norm and activation outputs come from te_jax's
   high-precision ops (tested against jnp in test_layernorm.py / test_activation.py), so the
   quantized values are the ones te quantizes.
 """
@@ -105,7 +106,8 @@ def _roles(r):
 
 def qdq(t2, role, copy: str, scale=None):
     """t2 [M, K] quantized for ``copy`` ("rowwise": blocks along K; "columnwise": along M) and
-    dequantized to fp32, source-shaped."""
+    dequantized to fp32, source-shaped; MXFP8/NVFP4 values rounded to BF16, the operands
+    te_gemm multiplies (exact for MXFP8; NVFP4's (q * s_block) * s_global is not)."""
     kind, dtype, opts = role
     t2 = jnp.asarray(t2)
     if kind in ("native", "delayed"):
@@ -127,6 +129,7 @@ def qdq(t2, role, copy: str, scale=None):
         if rht and copy == "columnwise":
             src = oracle.rht(src)
         out = oracle.nvfp4(src, square=mode == "2d")
+    out = out.astype(jnp.bfloat16).astype(np.float32)
     return jnp.asarray(out.T if copy == "columnwise" else out)
 
 

@@ -4,7 +4,9 @@ References (NUMERICS.md "How to test numerics"), normwise relative error:
   - high precision: plain jnp in fp32, <= 1e-5;
   - FP8 recipes: tight (<= 1e-5) against the emulated reference: the very copies te's GEMMs read,
     quantized with te_jax.quantize and dequantized, then jnp fp32 math (dy in the backward format:
-    E5M2 under Format.HYBRID); loose (<= 0.1) against the unquantized fp32 reference.
+    E5M2 under Format.HYBRID); loose (<= 0.1) against the unquantized fp32 reference;
+  - NVFP4BlockScaling's defaults (stochastic rounding): tight against the numpy oracle's copies
+    (_jax_oracle.py, te's Philox bits for the key), rounded to BF16 as te_gemm multiplies them.
 
 Run: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/jax/test_dense.py
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import _jax_oracle as oracle
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,6 +121,52 @@ def test_recipe_against_emulated_and_fp32(name, use_bias):
         assert rel(db, edb) <= 1e-5
     else:
         assert db is None
+
+
+def _seed_offset(key):
+    """te_jax's map of a key to te's Philox (seed, offset) (te_jax.quantize's rng)."""
+    b = [int(v) for v in np.asarray(jax.random.bits(key, (4,), jnp.uint32))]
+    return b[0] | b[1] << 32, b[2] | b[3] << 32
+
+
+def test_nvfp4_default_recipe_stochastic_rounding():
+    """NVFP4BlockScaling() as a user gets it (stochastic rounding and Hadamard transform of the
+    gradient, 16x16 weight tiles, the input's transform), jitted with the key as an argument: tight
+    against the numpy oracle's quantization of every operand copy (dy's drawing te's Philox bits
+    for the key), each rounded to BF16 as te_gemm multiplies it; loose against fp32."""
+    r = recipe.NVFP4BlockScaling()
+    x, w, _, dy = make(m=64, k=96, n=48, seed=3)
+    traces = []
+
+    @jax.jit
+    def run(x, w, key):
+        traces.append(key)
+        y, vjp = jax.vjp(lambda x, w: te_jax.dense(x, w, recipe=r, rng=key), x, w)
+        return (y, *vjp(dy))
+
+    bf16 = lambda v: np.asarray(v, np.float32).astype(jnp.bfloat16).astype(np.float64)  # noqa: E731
+    x2, dy2 = np.asarray(x).reshape(-1, 96), np.asarray(dy).reshape(-1, 48)
+    m, n = dy2.shape
+    words = np.arange(m * n, dtype=np.uint64)
+    results = []
+    for key in (jax.random.PRNGKey(0), jax.random.PRNGKey(1)):
+        y, dx, dw = run(x, w, key)
+        seed, offset = _seed_offset(key)
+        wq = bf16(oracle.nvfp4(np.asarray(w), square=True))  # one 16x16 quantization, both copies
+        dy_row = bf16(oracle.nvfp4(dy2, words=words.reshape(m, n), seed=seed, offset=offset))
+        dy_col = bf16(
+            oracle.nvfp4(oracle.rht(dy2.T), words=(m * n + words).reshape(n, m), seed=seed, offset=offset)
+        )
+        x_col = bf16(oracle.nvfp4(oracle.rht(x2.T)))
+        assert rel(y, (bf16(oracle.nvfp4(x2)) @ wq).reshape(y.shape)) <= 1e-5
+        assert rel(dx, (dy_row @ wq.T).reshape(x.shape)) <= 1e-5
+        assert rel(dw, x_col @ dy_col.T) <= 1e-5  # the transforms cancel in the product
+        y_ref, vjp_ref = jax.vjp(lambda x, w: ref_dense(x, w, None), x, w)
+        for a, e in zip((y, dx, dw), (y_ref, *vjp_ref(dy)), strict=True):
+            assert rel(a, e) <= 0.35
+        results.append(np.asarray(dx))
+    assert len(traces) == 1  # the key is data: one trace serves every step
+    assert not np.array_equal(results[0], results[1])
 
 
 @pytest.mark.parametrize(

@@ -418,7 +418,7 @@ def test_errors_name_the_argument_and_accepted_values():
     with pytest.raises(
         ValueError,
         match=r"scaling_mode: expected one of 'per_tensor', "
-        r"'block_1d', 'block_2d', got 'mxfp8'",
+        r"'block_1d', 'block_2d', 'mxfp8_1d', 'nvfp4_1d', got 'mxfp8'",
     ):
         te_jax.quantize(x, scaling_mode="mxfp8")
     with pytest.raises(ValueError, match=r"scale: expected shape \(1,\) or \(\) .*got \(2,\)"):

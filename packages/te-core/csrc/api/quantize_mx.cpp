@@ -164,6 +164,13 @@ MxQuantizePlan plan_quantize_mx(const te_tensor& source, te_quantized_tensor* ou
   a.stochastic_rounding = cfg.stochastic_rounding != 0;
   a.rng_seed = cfg.rng_seed;
   a.rng_offset = cfg.rng_offset;
+  if (present(cfg.rng_state)) {
+    check_tensor(cfg.rng_state, "config->rng_state");
+    check_dtype(cfg.rng_state, "config->rng_state", {TE_DTYPE_INT64});
+    check_numel(cfg.rng_state, "config->rng_state", 2);
+    check_same_device(cfg.rng_state, "config->rng_state", source.device, "input");
+    a.rng_state = static_cast<const uint64_t*>(cfg.rng_state.data);
+  }
   return plan;
 }
 

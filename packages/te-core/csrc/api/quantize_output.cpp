@@ -61,6 +61,8 @@ te_quant_config read_quant_config(const te_quant_config* config, const std::stri
                "->with_2d_quantization: expected 0 or 1, got ", c.with_2d_quantization);
   TE_CHECK_ARG(c.stochastic_rounding == 0 || c.stochastic_rounding == 1, name,
                "->stochastic_rounding: expected 0 or 1, got ", c.stochastic_rounding);
+  TE_CHECK_ARG(!present(c.rng_state) || c.stochastic_rounding, name,
+               "->rng_state: only read with stochastic_rounding = 1, got a buffer with 0");
   return c;
 }
 

@@ -51,6 +51,8 @@ struct Nvfp4QuantizeArgs {
   bool columnwise_rht;      // the column-wise copy is of the transformed source (rows % 16 == 0)
   bool stochastic_rounding;
   uint64_t rng_seed, rng_offset;
+  const uint64_t* rng_state;  // [2] {seed, offset} on the input's device, read in place of
+                              // rng_seed / rng_offset; or nullptr
 };
 
 // Dequantization of one MXFP8 or NVFP4 copy into out [rows, cols] (fp32/fp16/bf16): the element

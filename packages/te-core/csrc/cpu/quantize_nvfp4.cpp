@@ -82,7 +82,9 @@ void quantize_nvfp4(const Nvfp4QuantizeArgs& a, void* /*stream*/) {
   const int64_t rows = a.rows, cols = a.cols;
   auto x = [&](int64_t r, int64_t c) { return load_as_float(a.input, a.in_dtype, r * cols + c); };
   const bool row = a.rowwise != nullptr, col = a.columnwise != nullptr;
-  Rounding rounding{a.stochastic_rounding, a.rng_seed, a.rng_offset, 0};
+  const bool state = a.stochastic_rounding && a.rng_state != nullptr;
+  Rounding rounding{a.stochastic_rounding, state ? a.rng_state[0] : a.rng_seed,
+                    state ? a.rng_state[1] : a.rng_offset, 0};
   if (rows == 0 || cols == 0) {  // no data and no scale is stored; an empty amax is 0
     if (!a.use_existing_amax) {
       if (row) a.amax[0] = 0.0f;

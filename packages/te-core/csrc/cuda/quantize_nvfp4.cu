@@ -37,6 +37,7 @@ struct Params {
   float* amax;  // [2]
   bool rht, sr;
   uint64_t seed, offset;
+  const uint64_t* rng_state;  // {seed, offset} on the device, read in place of seed / offset
   bool vec_in, vec_row, vec_col;
 };
 
@@ -53,11 +54,16 @@ __device__ __forceinline__ void store_codes(const float (&v)[kBlock], float enc,
                                             uint64_t word0, uint64_t word_step, uint8_t* dst,
                                             int64_t n, bool vec) {
   uint32_t w[2] = {0u, 0u};
+  uint64_t seed = p.seed, offset = p.offset;
+  if (p.sr && p.rng_state != nullptr) {
+    seed = p.rng_state[0];
+    offset = p.rng_state[1];
+  }
 #pragma unroll
   for (int k = 0; k < kBlock; ++k) {
     const float x = __fmul_rn(v[k], enc);
     const uint32_t code =
-        p.sr ? mx::e2m1_sr(x, philox_word(p.seed, p.offset, word0 + static_cast<uint64_t>(k) * word_step))
+        p.sr ? mx::e2m1_sr(x, philox_word(seed, offset, word0 + static_cast<uint64_t>(k) * word_step))
              : mx::e2m1_rn(x);
     w[k / 8] |= code << (4 * (k % 8));
   }
@@ -172,6 +178,7 @@ void quantize_nvfp4(const Nvfp4QuantizeArgs& a, void* stream_ptr) {
   p.sr = a.stochastic_rounding;
   p.seed = a.rng_seed;
   p.offset = a.rng_offset;
+  p.rng_state = a.rng_state;
   p.vec_row = row && aligned(a.rowwise, 8) && a.cols % 16 == 0;
   p.vec_col = col && aligned(a.columnwise, 8) && a.rows % 16 == 0;
   const int64_t tiles = ceil_div(a.rows, mx::kTileRows) * p.tiles_c;

@@ -284,7 +284,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<te_quant_config>(m, "QuantConfig", "te_quant_config")
       .def(py::init([](bool compute_scale, bool use_existing_amax, bool force_pow2_scales,
                        float amax_epsilon, bool with_2d_quantization, bool stochastic_rounding,
-                       uint64_t rng_seed, uint64_t rng_offset) {
+                       uint64_t rng_seed, uint64_t rng_offset, std::optional<te_tensor> rng_state) {
              te_quant_config c = te_quant_config_init();
              c.compute_scale = compute_scale;
              c.use_existing_amax = use_existing_amax;
@@ -294,12 +294,13 @@ PYBIND11_MODULE(_C, m) {
              c.stochastic_rounding = stochastic_rounding;
              c.rng_seed = rng_seed;
              c.rng_offset = rng_offset;
+             c.rng_state = or_absent(rng_state);
              return c;
            }),
            py::arg("compute_scale") = false, py::arg("use_existing_amax") = false,
            py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f,
            py::arg("with_2d_quantization") = false, py::arg("stochastic_rounding") = false,
-           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0)
+           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0, py::arg("rng_state") = py::none())
       .def_readwrite("struct_size", &te_quant_config::struct_size)
       .def_readwrite("compute_scale", &te_quant_config::compute_scale)
       .def_readwrite("use_existing_amax", &te_quant_config::use_existing_amax)
@@ -309,7 +310,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("stochastic_rounding", &te_quant_config::stochastic_rounding)
       .def_readwrite("rng_seed", &te_quant_config::rng_seed)
       .def_readwrite("rng_offset", &te_quant_config::rng_offset)
-      // A value type: picklable, so modules holding quantizers can be deep-copied.
+      .def_readwrite("rng_state", &te_quant_config::rng_state)
+      // Picklable, so modules holding quantizers can be deep-copied. rng_state (a device buffer's
+      // address) is not carried: a copy reads rng_seed / rng_offset until given its own.
       .def(py::pickle(
           [](const te_quant_config& c) {
             return py::make_tuple(static_cast<bool>(c.compute_scale),

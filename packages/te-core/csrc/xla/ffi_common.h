@@ -90,6 +90,27 @@ inline ffi::Error describe(ffi::Result<ffi::AnyBuffer>& buffer, const te_device&
     if (te_ffi_error_.failure()) return te_ffi_error_; \
   } while (0)
 
+// A quantized copy's data. NVFP4 data crosses XLA as the bytes te stores, uint8 [..., K / 2] (two
+// E2M1 elements a byte, te/tensor.h; te_core._ops.storage_shape), never as XLA's f4e2m1fn,
+// whose in-memory packing is XLA's choice per platform: under `scaling_mode` NVFP4_1D a uint8
+// buffer is described as E2M1 [..., K].
+inline ffi::Error describe_data(const ffi::AnyBuffer& buffer, const te_device& device, bool present,
+                                int32_t scaling_mode, const char* name, te_tensor* out) {
+  TE_FFI_RETURN_IF_ERROR(describe(buffer, device, present, name, out));
+  if (present && scaling_mode == TE_SCALING_NVFP4_1D && out->dtype == TE_DTYPE_UINT8 &&
+      out->ndim > 0) {
+    out->dtype = TE_DTYPE_FLOAT4_E2M1;
+    out->shape[out->ndim - 1] *= 2;
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error describe_data(ffi::Result<ffi::AnyBuffer>& buffer, const te_device& device,
+                                bool present, int32_t scaling_mode, const char* name,
+                                te_tensor* out) {
+  return describe_data(*buffer, device, present, scaling_mode, name, out);
+}
+
 // The two bindings a handler is defined with: the CPU one has no context, the CUDA one starts
 // with (stream, device ordinal).
 inline auto cpu_binding() { return ffi::Ffi::Bind(); }

@@ -6,18 +6,24 @@
 //     which, as te_dequantize_ffi's `columnwise` does); the other copy is absent from the
 //     descriptor, so te_gemm's own copy selection sees exactly what te_jax passed and reports a
 //     wrong choice by name. High-precision A is its row-wise data; its a_scale_inv is a [0]
-//     placeholder (absent: a scale_inv is passed exactly when the data is FP8).
+//     placeholder (absent: a scale_inv is passed exactly when the data is FP8 or NVFP4).
 //   2 b_data, 3 b_scale_inv: likewise for B (row-wise when trans_b = 1).
+//   MXFP8/NVFP4 operands likewise, with their byte scales (NVFP4 data as uint8 bytes,
+//   describe_data).
 //   4 bias: [N] when has_bias (epilogues BIAS, GELU_AUX), else [0] and absent.
 //   5 aux_in: the saved pre-activation [M, N] for DGELU, else [0] and absent.
 //   6 d_in: the D to accumulate into when beta != 0, else [0]. te_jax aliases operand 6 to
 //     result 0 (input_output_aliases), so XLA hands this handler a D that already holds d_in's
 //     values (copying first if d_in is still live elsewhere): beta = 1 accumulates in place here
 //     and functionally in JAX. d_in itself is never described to the C API.
+//   7 a_amax, 8 b_amax: an NVFP4 operand's fp32 [2] global amaxes, else [0]; attributes
+//     a_columnwise_rht / b_columnwise_rht say whether the column-wise copy read carries the
+//     Hadamard transform (te_quantized_tensor.columnwise_rht).
 // Results, in te_core._ops.GEMM_OUTPUTS order (shapes from te_core._ops.gemm_outputs):
 //   0 d [M, N], 1 aux [M, N] (GELU_AUX) else [0], 2 bias_grad [M] (BGRAD) else [0].
 // Attributes: a_scaling_mode, b_scaling_mode, a_columnwise, b_columnwise, trans_a, trans_b,
-// alpha, beta, epilogue (te_gemm_epilogue), has_bias, use_split_accumulator (-1, 0, 1).
+// alpha, beta, epilogue (te_gemm_epilogue), has_bias, use_split_accumulator (-1, 0, 1),
+// a_columnwise_rht, b_columnwise_rht.
 // No workspace: te keeps a cuBLASLt workspace per stream on CUDA.
 #include "ffi_common.h"
 
@@ -33,26 +39,33 @@ bool is_fp8(const Buf& buffer) {
 }
 
 // One operand as a te_quantized_tensor holding only the copy `columnwise` names.
-ffi::Error operand(const Buf& data, const Buf& scale_inv, const te_device& device,
-                   int32_t scaling_mode, bool columnwise, const char* data_name,
-                   const char* scale_name, te_quantized_tensor* out) {
+ffi::Error operand(const Buf& data, const Buf& scale_inv, const Buf& amax,
+                   const te_device& device, int32_t scaling_mode, bool columnwise,
+                   bool columnwise_rht, const char* data_name, const char* scale_name,
+                   const char* amax_name, te_quantized_tensor* out) {
   *out = te_quantized_tensor_init(scaling_mode);
+  const bool nvfp4 = scaling_mode == TE_SCALING_NVFP4_1D;
   te_tensor& q_data = columnwise ? out->columnwise_data : out->rowwise_data;
   te_tensor& q_scale_inv = columnwise ? out->columnwise_scale_inv : out->rowwise_scale_inv;
-  TE_FFI_RETURN_IF_ERROR(describe(data, device, true, data_name, &q_data));
-  return describe(scale_inv, device, is_fp8(data), scale_name, &q_scale_inv);
+  TE_FFI_RETURN_IF_ERROR(describe_data(data, device, true, scaling_mode, data_name, &q_data));
+  TE_FFI_RETURN_IF_ERROR(describe(amax, device, nvfp4, amax_name, &out->amax));
+  out->columnwise_rht = columnwise_rht;
+  return describe(scale_inv, device, is_fp8(data) || nvfp4, scale_name, &q_scale_inv);
 }
 
 ffi::Error gemm(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf b_data,
-                Buf b_scale_inv, Buf bias, Buf aux_in, Buf d_in, Ret d, Ret aux, Ret bias_grad,
-                int32_t a_scaling_mode, int32_t b_scaling_mode, bool a_columnwise,
-                bool b_columnwise, bool trans_a, bool trans_b, float alpha, float beta,
-                int32_t epilogue, bool has_bias, int32_t use_split_accumulator) {
+                Buf b_scale_inv, Buf bias, Buf aux_in, Buf d_in, Buf a_amax, Buf b_amax, Ret d,
+                Ret aux, Ret bias_grad, int32_t a_scaling_mode, int32_t b_scaling_mode,
+                bool a_columnwise, bool b_columnwise, bool trans_a, bool trans_b, float alpha,
+                float beta, int32_t epilogue, bool has_bias, int32_t use_split_accumulator,
+                bool a_columnwise_rht, bool b_columnwise_rht) {
   te_quantized_tensor a, b;
-  TE_FFI_RETURN_IF_ERROR(operand(a_data, a_scale_inv, device, a_scaling_mode, a_columnwise,
-                                 "a_data", "a_scale_inv", &a));
-  TE_FFI_RETURN_IF_ERROR(operand(b_data, b_scale_inv, device, b_scaling_mode, b_columnwise,
-                                 "b_data", "b_scale_inv", &b));
+  TE_FFI_RETURN_IF_ERROR(operand(a_data, a_scale_inv, a_amax, device, a_scaling_mode,
+                                 a_columnwise, a_columnwise_rht, "a_data", "a_scale_inv",
+                                 "a_amax", &a));
+  TE_FFI_RETURN_IF_ERROR(operand(b_data, b_scale_inv, b_amax, device, b_scaling_mode,
+                                 b_columnwise, b_columnwise_rht, "b_data", "b_scale_inv",
+                                 "b_amax", &b));
   te_quantized_tensor out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
   TE_FFI_RETURN_IF_ERROR(describe(d, device, true, "d", &out.rowwise_data));
   if (beta != 0.0f && d->element_count() > 0 && d_in.untyped_data() != d->untyped_data()) {
@@ -93,6 +106,8 @@ auto bind_gemm(Binding binding) {
       .template Arg<Buf>()  // bias or [0]
       .template Arg<Buf>()  // aux_in (DGELU) or [0]
       .template Arg<Buf>()  // d_in (beta != 0, aliased to d) or [0]
+      .template Arg<Buf>()  // a_amax (NVFP4) or [0]
+      .template Arg<Buf>()  // b_amax (NVFP4) or [0]
       .template Ret<Buf>()  // d
       .template Ret<Buf>()  // aux (GELU_AUX) or [0]
       .template Ret<Buf>()  // bias_grad (BGRAD) or [0]
@@ -106,7 +121,9 @@ auto bind_gemm(Binding binding) {
       .template Attr<float>("beta")
       .template Attr<int32_t>("epilogue")
       .template Attr<bool>("has_bias")
-      .template Attr<int32_t>("use_split_accumulator");
+      .template Attr<int32_t>("use_split_accumulator")
+      .template Attr<bool>("a_columnwise_rht")
+      .template Attr<bool>("b_columnwise_rht");
 }
 
 }  // namespace

@@ -48,15 +48,16 @@ ffi::Error describe_output(const te_device& device, bool quantized, int32_t scal
   }
   *out = te_quantized_tensor_init(scaling_mode);
   const bool stats = scaling_mode == TE_SCALING_PER_TENSOR;
-  TE_FFI_RETURN_IF_ERROR(
-      describe(rowwise_data, device, rowwise, "rowwise_data", &out->rowwise_data));
+  const bool nvfp4 = scaling_mode == TE_SCALING_NVFP4_1D;  // amax [2], no scale
+  TE_FFI_RETURN_IF_ERROR(describe_data(rowwise_data, device, rowwise, scaling_mode,
+                                       "rowwise_data", &out->rowwise_data));
   TE_FFI_RETURN_IF_ERROR(describe(rowwise_scale_inv, device, rowwise, "rowwise_scale_inv",
                                   &out->rowwise_scale_inv));
-  TE_FFI_RETURN_IF_ERROR(
-      describe(columnwise_data, device, columnwise, "columnwise_data", &out->columnwise_data));
+  TE_FFI_RETURN_IF_ERROR(describe_data(columnwise_data, device, columnwise, scaling_mode,
+                                       "columnwise_data", &out->columnwise_data));
   TE_FFI_RETURN_IF_ERROR(describe(columnwise_scale_inv, device, columnwise,
                                   "columnwise_scale_inv", &out->columnwise_scale_inv));
-  TE_FFI_RETURN_IF_ERROR(describe(amax, device, stats, "amax", &out->amax));
+  TE_FFI_RETURN_IF_ERROR(describe(amax, device, stats || nvfp4, "amax", &out->amax));
   return describe(scale, device, stats, "scale", &out->scale);
 }
 

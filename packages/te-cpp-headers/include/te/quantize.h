@@ -48,6 +48,11 @@ typedef struct te_quant_config {
   int32_t stochastic_rounding;
   uint64_t rng_seed;
   uint64_t rng_offset;
+  /* Stochastic rounding only, optional: int64 [2] {seed, offset} on the input's device, read by
+   * the kernel when it runs, in place of rng_seed / rng_offset (which are then ignored). For a
+   * seed that is itself device data (a JAX key under jit, a step replayed from a CUDA graph):
+   * the host never has to wait for it. The same (seed, offset) gives the same bits either way. */
+  te_tensor rng_state;
 } te_quant_config;
 
 static inline te_quant_config te_quant_config_init(void) {

@@ -99,7 +99,7 @@ def autocast(
     """Run te_jax.flax modules' GEMMs quantized (``enabled``) under ``recipe`` inside the region.
 
     Args:
-      enabled: quantize (FP8, or emulated MXFP8/NVFP4) inside the region; False runs the
+      enabled: quantize (FP8, MXFP8 or NVFP4) inside the region; False runs the
         modules in high precision (the recipe is still recorded).
       recipe: a ``te_jax.recipe`` recipe; None means ``DelayedScaling()`` (TE JAX's default).
       mesh_resource: the mesh axes te_jax's ops shard over (``MeshResource``); None keeps the

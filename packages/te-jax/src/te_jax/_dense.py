@@ -110,16 +110,17 @@ def dense(
 
     Args:
       recipe: None (high precision: x and kernel of one dtype, float32/bfloat16/float16) or a
-        te_jax.recipe recipe: DelayedScaling, Float8CurrentScaling, Float8BlockScaling (te's FP8
-        kernels), MXFP8BlockScaling or NVFP4BlockScaling (emulated). x and kernel are quantized
-        in the forward, dy in the backward.
+        te_jax.recipe recipe: DelayedScaling, Float8CurrentScaling, Float8BlockScaling,
+        MXFP8BlockScaling or NVFP4BlockScaling (te-core's kernels; MXFP8/NVFP4 GEMMs by BF16
+        block dequantization). x and kernel are quantized in the forward, dy in the backward.
       recipe_state: DelayedScaling only: {"x_scale", "x_amax_history", "kernel_scale", ...,
         "grad_amax_history"} (te_jax.init_recipe_state(recipe, "dense")); jax.grad with respect
         to it returns the next step's state.
       input_spec, kernel_spec: jax.sharding.PartitionSpecs of x and kernel over the mesh set
         with jax.set_mesh (see the module notes). input_spec defaults to x's first dim split
         over te_jax.autocast's MeshResource batch axes (dp, fsdp); kernel_spec to replicated.
-      rng: a jax.random key for NVFP4's stochastic rounding of gradients.
+      rng: a jax.random key for NVFP4's stochastic rounding of gradients (data, not a static
+        argument: a jitted step takes a new key without retracing).
 
     Differentiable in x, kernel and bias (jax.grad; te's GEMMs in the backward), and jit-able.
     """

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-from te_core import _C
+import numpy as np
+from te_core import _C, _ops
 from te_core._ops import TensorSpec
 
 from te_jax._dtypes import to_jnp
@@ -45,15 +46,23 @@ def _register() -> None:
 _register()
 
 
+def _result_type(spec: TensorSpec) -> jax.ShapeDtypeStruct:
+    # E2M1 data travels as the bytes te stores (two elements a byte): uint8 [..., K / 2]
+    if spec.dtype == _ops.FLOAT4_E2M1:
+        return jax.ShapeDtypeStruct(_ops.storage_shape(spec), np.uint8)
+    return jax.ShapeDtypeStruct(tuple(spec.shape), to_jnp(spec.dtype))
+
+
 def call(target: str, results: Sequence[TensorSpec], *operands, aliases=None, **attrs):
     """Calls te's FFI `target`; `results` come from te_core._ops, so shapes match te_torch's.
 
     Attributes must be numpy scalars of the handler's attribute types (np.int32, np.bool_,
-    np.float32): a Python int would arrive as int64 and fail to decode.
+    np.float32): a Python int would arrive as int64 and fail to decode. E2M1 (NVFP4) results
+    come back as the bytes te stores, uint8 [..., K / 2].
     Batching (vmap) runs the op once per batch element: per-tensor scaling of a batch element
     must not see its neighbours.
     """
-    result_types = [jax.ShapeDtypeStruct(tuple(s.shape), to_jnp(s.dtype)) for s in results]
+    result_types = [_result_type(s) for s in results]
     return jax.ffi.ffi_call(
         target,
         result_types,

@@ -13,7 +13,9 @@ FP8 operands are ScaledTensors from te_jax.quantize. te's FP8 GEMM reads both op
 contiguous, so the layout decides the copy: x's row-wise copy unless trans_a, w's row-wise copy
 if trans_b, otherwise the column-wise one (quantize(..., columnwise=True)). Only that copy goes
 to te-core (the FFI handler's `*_columnwise` attributes say which), so a jitted program keeps no
-unused copy alive for the GEMM.
+unused copy alive for the GEMM. MXFP8 and NVFP4 operands (both of one family) go the same way;
+te_gemm multiplies them by block dequantization to BF16 and an fp32-accumulated BF16 product on
+every backend (te/gemm.h), the numerics Blackwell's native kernels would give.
 
 Checked here, at trace time: what te-core cannot see (Python-level argument types, flag
 combinations that pick the epilogue, a missing FP8 copy before the call is built, the
@@ -34,7 +36,8 @@ from te_jax import _dtypes, _ffi
 from te_jax._scaled_tensor import ScaledTensor
 
 _EPILOGUE = {name.lower(): int(value) for name, value in _C.Epilogue.__members__.items()}
-_PER_TENSOR = _ops.SCALING_MODES["per_tensor"]
+_MODES = {**_ops.SCALING_MODES, **_ops.MX_SCALING_MODES}
+_PER_TENSOR = _MODES["per_tensor"]
 _F32 = np.dtype(jnp.float32)
 
 
@@ -57,16 +60,22 @@ def _array(value, name: str) -> jax.Array:
 
 class _Operand:
     """One operand as the handler takes it: the copy te reads, its scale_inv, the source's shape
-    and scaling mode, and whether that copy is the column-wise one."""
+    and scaling mode, whether that copy is the column-wise one, and for NVFP4 the global amaxes
+    and whether the copy carries the Hadamard transform."""
 
     def __init__(self, value, name: str, trans: bool, rowwise_wanted: bool):
+        self.amax = None
+        self.rht = False
         if isinstance(value, ScaledTensor):
             self.shape = tuple(value.shape)
-            self.mode = _ops.SCALING_MODES[value.scaling_mode]
+            self.mode = _MODES[value.scaling_mode]
             self.columnwise = not rowwise_wanted
             self.data = value.columnwise_data if self.columnwise else value.data
             self.scale_inv = value.columnwise_scale_inv if self.columnwise else value.scale_inv
             self.dq_dtype = value.dq_dtype
+            if self.mode == _ops.NVFP4:
+                self.amax = value.amax
+                self.rht = self.columnwise and value.columnwise_rht
             if self.data is None:
                 flag = f"trans_{'a' if name == 'x' else 'b'}={trans}"
                 if self.columnwise:
@@ -113,7 +122,8 @@ def gemm(
     Args:
       x, w: jax arrays of one dtype (float32, bfloat16, float16), or both ScaledTensors from
         te_jax.quantize (FP8 per_tensor E4M3/E5M2, not both E5M2; or block-scaled with at most
-        one block_2d operand). The layout picks the FP8 copy: x's row-wise copy unless
+        one block_2d operand; or both mxfp8_1d, or both nvfp4_1d, where a column-wise copy with
+        the Hadamard transform meets only another). The layout picks the FP8 copy: x's row-wise copy unless
         ``trans_a``, w's row-wise copy if ``trans_b``, the column-wise one otherwise; a
         ScaledTensor without it raises ValueError (quantize with ``columnwise=True``).
       bias: [N], added to every row (the output's dtype or float32).
@@ -203,12 +213,16 @@ def gemm(
         bias,
         gelu_input,
         None if accumulate_into is None else jnp.reshape(accumulate_into, (m, n)),
+        a.amax,
+        b.amax,
         a_shape=a.shape,
         b_shape=b.shape,
         a_mode=a.mode,
         b_mode=b.mode,
         a_columnwise=a.columnwise,
         b_columnwise=b.columnwise,
+        a_rht=a.rht,
+        b_rht=b.rht,
         trans_a=trans_a,
         trans_b=trans_b,
         out=_dtypes.to_te(out),
@@ -232,6 +246,8 @@ def gemm(
         "b_mode",
         "a_columnwise",
         "b_columnwise",
+        "a_rht",
+        "b_rht",
         "trans_a",
         "trans_b",
         "out",
@@ -247,6 +263,8 @@ def _gemm(
     bias,
     aux_in,
     d_in,
+    a_amax,
+    b_amax,
     *,
     a_shape,
     b_shape,
@@ -254,6 +272,8 @@ def _gemm(
     b_mode,
     a_columnwise,
     b_columnwise,
+    a_rht,
+    b_rht,
     trans_a,
     trans_b,
     out,
@@ -261,8 +281,8 @@ def _gemm(
     split,
 ):
     # Absent operands are [0] placeholders; the handler knows them from the attributes (a
-    # scale_inv from the data's dtype, bias from has_bias, aux_in from the epilogue, d_in from
-    # beta). d_in is aliased to D so that beta = 1 reads it.
+    # scale_inv from the data's dtype or mode, bias from has_bias, aux_in from the epilogue, d_in
+    # from beta, the amaxes from the modes). d_in is aliased to D so that beta = 1 reads it.
     m, n, _ = _ops.gemm_dims(a_shape, b_shape, trans_a, trans_b)
     specs = _ops.gemm_outputs(
         m,
@@ -284,6 +304,8 @@ def _gemm(
         absent if bias is None else bias,
         absent if aux_in is None else aux_in,
         d_in if accumulate else absent,
+        absent if a_amax is None else a_amax,
+        absent if b_amax is None else b_amax,
         aliases={6: 0} if accumulate else None,
         a_scaling_mode=np.int32(a_mode),
         b_scaling_mode=np.int32(b_mode),
@@ -296,4 +318,6 @@ def _gemm(
         epilogue=np.int32(epilogue),
         has_bias=np.bool_(bias is not None),
         use_split_accumulator=np.int32(split),
+        a_columnwise_rht=np.bool_(a_rht),
+        b_columnwise_rht=np.bool_(b_rht),
     )

@@ -41,9 +41,10 @@ class Roles:
 
 
 def _fused_ok(q: Quantizer | None, reduce_axes: Axes) -> bool:
-    """Whether a te kernel may quantize its own output: native FP8, and a current-scaling
-    tensor only when it is not split (its amax must cover the whole tensor)."""
-    return q is not None and q.native and not (q.kind == "current" and reduce_axes)
+    """Whether a te kernel may quantize its own output: per-tensor or block FP8 (te's fused
+    kernels write no MXFP8/NVFP4), and a current-scaling tensor only when it is not split (its
+    amax must cover the whole tensor)."""
+    return q is not None and q.fusable and not (q.kind == "current" and reduce_axes)
 
 
 def linear_fwd(plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, scales, out_dtype, rng=None):

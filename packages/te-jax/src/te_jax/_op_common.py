@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from te_jax import _delayed, _dtypes, _emulated
-from te_jax._quantizer import Plan
+from te_jax import _delayed, _dtypes
+from te_jax._quantizer import MX_BLOCK, Plan
 from te_jax._sharding import Axes, Layout, entry_axes
 
-NATIVE_BLOCK = 128
+FP8_BLOCK = 128  # Float8BlockScaling's 1x128 / 128x128
 
 
 def array(value, name: str) -> jax.Array:
@@ -34,8 +34,8 @@ def block_length(plan: Plan) -> int | None:
     if q is None or q.kind in ("current", "delayed"):
         return None
     if q.kind == "block":
-        return NATIVE_BLOCK
-    return _emulated.block_of(q)
+        return FP8_BLOCK
+    return MX_BLOCK[q.kind]
 
 
 def row_axes(entries) -> Axes:

@@ -1,5 +1,6 @@
-"""Recipes as static plans: how each GEMM operand role is quantized, and the GEMM dispatch over
-native FP8 (te-core), emulated MXFP8/NVFP4 (te_jax._emulated) and high precision.
+"""Recipes as static plans: how each GEMM operand role is quantized (every format through
+te-core's quantize and GEMM handlers), and the GEMM dispatch over quantized and high-precision
+operands.
 
 A dense layer has three quantized roles (NUMERICS.md): its input x and kernel in the forward
 format, the output gradient dy in the backward format. Every GEMM reads both operands with the
@@ -10,8 +11,9 @@ along the last dim of its [M, K] view) and column-wise (along the first dim):
     dgrad  dx = dy @ w^T  dy row-wise,   w row-wise
     wgrad  dw = x^T @ dy  x column-wise, dy column-wise
 
-Quantizing on a mesh: a per-tensor amax is max-reduced over the axes the tensor is split on
-before the scale is taken from it, so every device uses the scale the unsharded tensor would.
+Quantizing on a mesh: a per-tensor amax (NVFP4's global amaxes too) is max-reduced over the
+axes the tensor is split on before the scale is taken from it, so every device uses the scale
+the unsharded tensor would.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from te_core import recipe as _recipe
 
-from te_jax import _emulated, _sharding
+from te_jax import _sharding
 from te_jax._fused import Fp8Out
 from te_jax._gemm import gemm
 from te_jax._quantize import amax as _amax
@@ -36,18 +38,23 @@ E5M2 = np.dtype(jnp.float8_e5m2)
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
 _F32 = np.dtype(jnp.float32)
 FLT_MAX = float(np.finfo(np.float32).max)
-_NATIVE = ("current", "delayed", "block")
+# the kinds te's fused norm / activation kernels can write their output in
+_FUSABLE = ("current", "delayed", "block")
+# the elements one scale covers along a block (MX: a tile's side with 2-D quantization)
+MX_BLOCK = {"mxfp8": 32, "nvfp4": 16}
 
 
 @dataclasses.dataclass(frozen=True)
 class Quantizer:
     """How one tensor role is quantized (static, hashable).
 
-    kind: "current" | "delayed" (per-tensor FP8), "block" (te-core's 1x128 / 128x128 blocks),
-      "mxfp8" | "nvfp4" (emulated in JAX: quantized and dequantized, GEMMs in fp32).
+    kind: "current" | "delayed" (per-tensor FP8), "block" (1x128 / 128x128 blocks), "mxfp8" |
+      "nvfp4" (OCP MXFP8, NVFP4: te_gemm multiplies them by BF16 block dequantization).
     dtype: the FP8 element dtype (None for NVFP4's E2M1).
-    scaling_mode: native: te-core's mode ("per_tensor", "block_1d", "block_2d"); emulated: "1d"
-      (blocks along the GEMM's reduction dim) or "2d" (square tiles, both copies equal).
+    scaling_mode: te-core's mode ("per_tensor", "block_1d", "block_2d", "mxfp8_1d", "nvfp4_1d").
+    tile_2d: MX modes: one scale per square tile (32x32, 16x16), so both copies are equal.
+    rht, stochastic_rounding: NVFP4: the column-wise copy's Hadamard transform; stochastic E2M1
+      rounding (with the op's rng key).
     """
 
     kind: str
@@ -55,12 +62,14 @@ class Quantizer:
     scaling_mode: str = "per_tensor"
     force_pow2_scales: bool = False
     amax_epsilon: float = 0.0
+    tile_2d: bool = False
     rht: bool = False
     stochastic_rounding: bool = False
 
     @property
-    def native(self) -> bool:
-        return self.kind in _NATIVE
+    def fusable(self) -> bool:
+        """Whether te's fused norm / activation kernels can write their output in this format."""
+        return self.kind in _FUSABLE
 
     @property
     def fp8_max(self) -> float:
@@ -105,10 +114,6 @@ class Plan:
     @property
     def quantized(self) -> bool:
         return self.x is not None
-
-    @property
-    def native(self) -> bool:
-        return self.x is not None and self.x.native
 
 
 _BLOCK_MODE = {1: "block_1d", 2: "block_2d"}
@@ -168,16 +173,14 @@ def plan_for(recipe) -> Plan:
             split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
         )
     if isinstance(recipe, _recipe.MXFP8BlockScaling):
-        q = Quantizer("mxfp8", E4M3, "1d")
-        w = dataclasses.replace(q, scaling_mode="2d") if recipe.enable_2d_quantization else q
+        q = Quantizer("mxfp8", E4M3, "mxfp8_1d")
+        w = dataclasses.replace(q, tile_2d=bool(recipe.enable_2d_quantization))
         return Plan(x=q, w=w, grad=dataclasses.replace(q, dtype=bwd))
     if isinstance(recipe, _recipe.NVFP4BlockScaling):
-        q = Quantizer("nvfp4", None, "1d")
+        q = Quantizer("nvfp4", None, "nvfp4_1d")
         return Plan(
             x=dataclasses.replace(q, rht=recipe.fp4_quant_fwd_inp.random_hadamard_transform),
-            w=dataclasses.replace(
-                q, scaling_mode="2d" if recipe.fp4_quant_fwd_weight.fp4_2d_quantization else "1d"
-            ),
+            w=dataclasses.replace(q, tile_2d=bool(recipe.fp4_quant_fwd_weight.fp4_2d_quantization)),
             grad=dataclasses.replace(
                 q,
                 rht=recipe.fp4_quant_bwd_grad.random_hadamard_transform,
@@ -217,15 +220,14 @@ def quantize_operand(
 ):
     """(operand, amax) of x [M, K] (per shard) for role ``q``.
 
-    operand: x itself (q None), a ScaledTensor (native), or an _emulated.Emulated. amax: the
-    per-tensor amax of x max-reduced over ``reduce_axes`` for delayed scaling (the state's new
-    entry), else None. ``scale``: the delayed scale (fp32 [1]); ``rng``: NVFP4's stochastic
-    rounding key.
+    operand: x itself (q None) or a ScaledTensor. amax: the per-tensor amax of x max-reduced
+    over ``reduce_axes`` for delayed scaling (the state's new entry), else None. ``scale``: the
+    delayed scale (fp32 [1]); ``rng``: NVFP4's stochastic rounding key.
     """
     if q is None:
         return x, None
-    if not q.native:
-        return _emulated.quantize(x, q, rowwise, columnwise, reduce_axes, rng), None
+    if q.kind in MX_BLOCK:
+        return _quantize_mx(x, q, rowwise, columnwise, reduce_axes, rng), None
     common = dict(dtype=q.dtype, rowwise=rowwise, columnwise=columnwise)
     if q.kind == "delayed":
         t = quantize(x, scale=scale, amax=jnp.zeros((1,), _F32), **common)
@@ -245,28 +247,47 @@ def quantize_operand(
     return t, None
 
 
+def _quantize_mx(x, q: Quantizer, rowwise: bool, columnwise: bool, reduce_axes, rng) -> ScaledTensor:
+    """An MXFP8 / NVFP4 operand through te_jax.quantize (te-core's kernels). On a mesh, NVFP4's
+    global amaxes are those of the whole tensor, so sharded numbers are the unsharded ones;
+    stochastic rounding uses ``rng`` as given (every shard draws from the same key)."""
+    common = dict(
+        scaling_mode=q.scaling_mode, rowwise=rowwise, columnwise=columnwise, with_2d_quantization=q.tile_2d
+    )
+    if q.kind == "mxfp8":  # scales per block of 32 alone: nothing to agree on across shards
+        return quantize(x, dtype=q.dtype, **common)
+    rht = q.rht and columnwise  # the transform is the column-wise (wgrad) copy's only
+    if q.stochastic_rounding and rng is None:
+        raise ValueError(
+            "rng: NVFP4BlockScaling rounds gradients stochastically and needs a jax.random "
+            "key (te_jax.flax modules take it from the 'sr_rng' stream: "
+            "apply(..., rngs={'sr_rng': key})); or set disable_stochastic_rounding=True"
+        )
+    amax = None
+    if reduce_axes:
+        # each copy's global amax over the whole tensor: te's own amaxes of this shard, reduced.
+        # A transformed copy's amax is taken after the transform, which te quantizes to find.
+        a = _amax(x)
+        if rht:
+            t = quantize(x, scaling_mode=q.scaling_mode, rowwise=False, columnwise=True, columnwise_rht=True)
+            a_col = t.amax[1:]
+        else:
+            a_col = a
+        amax = _sharding.pmax(jnp.concatenate([a, a_col]), reduce_axes)
+    return quantize(x, amax=amax, columnwise_rht=rht, rng=rng if q.stochastic_rounding else None, **common)
+
+
 def keep(operand, *, rowwise: bool):
     """The operand with only its row-wise (or column-wise) copy, what a residual needs."""
     if isinstance(operand, ScaledTensor):
         if rowwise:
             return dataclasses.replace(operand, columnwise_data=None, columnwise_scale_inv=None)
         return dataclasses.replace(operand, data=None, scale_inv=None)
-    if isinstance(operand, _emulated.Emulated):
-        return _emulated.Emulated(
-            operand.rowwise if rowwise else None, None if rowwise else operand.columnwise
-        )
     return operand
 
 
 def mm(a, b, *, trans_a: bool = False, trans_b: bool, out_dtype, bias=None, split=None):
     """op(a) op(b) (+ bias) for operands from quantize_operand (both of one kind)."""
-    if isinstance(a, _emulated.Emulated):
-        a_hp = a.columnwise if trans_a else a.rowwise
-        b_hp = b.rowwise if trans_b else b.columnwise
-        y = gemm(
-            a_hp, b_hp, bias=None if bias is None else bias.astype(_F32), trans_a=trans_a, trans_b=trans_b
-        )
-        return y.astype(out_dtype)
     if isinstance(a, ScaledTensor):
         return gemm(
             a,
