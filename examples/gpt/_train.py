@@ -123,7 +123,9 @@ def train(
     recipe = RECIPES[recipe_name]()
     memory = _PeakMemory(device)
     torch.manual_seed(p.seed)
-    model = GPT(p.model, device)
+    # Initialized on the CPU, then moved: the CPU generator gives the same weights whatever the
+    # device, so a CUDA run starts from exactly the CPU run's model (CUDA's generator would not).
+    model = GPT(p.model, "cpu").to(device)
     opt = torch.optim.AdamW(
         model.param_groups(p.weight_decay), lr=lr_at(0, p), betas=p.betas, fused=device.type == "cuda"
     )
