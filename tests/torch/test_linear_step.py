@@ -14,8 +14,8 @@ import pytest
 import te_torch as te
 import torch
 from te_core import _C
-from te_torch import _linear_step
 from te_torch._dtypes import TE_DTYPE
+from te_torch._kernels import packed
 
 RECIPES = {
     "delayed": lambda: te.recipe.DelayedScaling(amax_history_len=4),
@@ -170,7 +170,7 @@ def test_packed_bytes(mode, shape):
     else:
         assert row == aligned + 4 * ((m + 127) // 128) * (((k + 127) // 128 + 3) // 4 * 4)
         assert col == aligned + 4 * ((k + 127) // 128) * (((m + 127) // 128 + 3) // 4 * 4)
-    assert _linear_step.packed(mode, fp8, torch.Size(shape)) == (
+    assert packed(mode, fp8, torch.Size(shape)) == (
         (row + 255) // 256 * 256,
         (col + 255) // 256 * 256,
     )
@@ -211,3 +211,16 @@ def test_main_grad_dtype_error():
         y = m(x)
     with pytest.raises(ValueError, match="weight.main_grad: expected a contiguous fp32 tensor"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_empty_batch(recipe_name):
+    # No rows: every copy is empty (block scaling's scales too), yet each still has an address,
+    # and the step gives empty outputs and zero weight / bias gradients.
+    a, b, recipe = _pair(lambda: te.Linear(64, 32, device="cpu"), recipe_name)
+    xa, xb = torch.randn(0, 64, requires_grad=True), torch.randn(0, 64, requires_grad=True)
+    ya = _run(a, xa, torch.randn(0, 32), recipe, unfused=False)
+    yb = _run(b, xb, torch.randn(0, 32), recipe, unfused=True)
+    assert ya.shape == (0, 32) and torch.equal(ya, yb)
+    _assert_same(_grads(a, xa), _grads(b, xb))
+    assert torch.count_nonzero(a.weight.grad) == 0 and torch.count_nonzero(a.bias.grad) == 0

@@ -82,12 +82,13 @@ def part_shapes(shape: torch.Size, mode: int) -> tuple:
 
 def packed(mode: int, fp8: int, shape: torch.Size) -> tuple[int, int]:
     """Sizes of the packed row-wise and column-wise copies (rounded up to 256 bytes, so copies
-    placed back to back stay aligned)."""
+    placed back to back stay aligned; at least 256, so even an empty copy gets its own non-null
+    address: a null one means "no copy" to _C.linear_fwd / linear_bwd)."""
     key = (mode, fp8, shape)
     sizes = _packed_sizes.get(key)
     if sizes is None:
         row, col = _C.packed_bytes(mode, fp8, tuple(shape))
-        sizes = ((row + 255) & ~255, (col + 255) & ~255)
+        sizes = (max((row + 255) & ~255, 256), max((col + 255) & ~255, 256))
         if len(_packed_sizes) >= 4096:
             _packed_sizes.clear()
         _packed_sizes[key] = sizes
