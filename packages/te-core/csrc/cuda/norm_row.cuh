@@ -1,6 +1,7 @@
-// Pieces shared by the LayerNorm / RMSNorm kernels (normalization.cu: forward,
+// Pieces shared by the LayerNorm / RMSNorm kernels (norm_fwd.cuh: forward,
 // normalization_bwd.cu: backward): the row layout, fixed-order row reductions, 8-element loads
-// and stores of tensors whose dtype is known only at run time, and stream-ordered scratch memory.
+// and stores of tensors whose dtype is known only at run time, rows staged in shared memory by
+// cp.async, and stream-ordered scratch memory.
 //
 // Row layout. A CTA is blockDim.x = X threads per row (a multiple of 32) by blockDim.y = Y rows
 // (Y > 1 only for short rows, so that a CTA still has 128 threads). Thread t of a row owns, in
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/scratch.cuh"
@@ -58,6 +60,30 @@ void dispatch_chunks(int chunks, F&& f) {
   }
 }
 
+// gamma (and beta) as the fp32 values the kernels multiply by and add: gamma + 1 where gamma is
+// zero-centered (__fadd_rn(1.0f, g), the formula's own rounding, done once per column instead of
+// once per element), else widened (exact). The caller's own pointers where they already are that
+// (fp32, 16-byte aligned, not zero-centered); else copies in scratch written by one small kernel.
+// Either way both are 16-byte aligned.
+// The kernels then load 8 weights with two 16-byte loads and no conversion: branching on the
+// weights' dtype and widening them per chunk cost the first kernels ~8 of their ~38 instructions
+// per element (benchmarks/NOTES.md).
+class Fp32Weights {
+ public:
+  Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
+              bool zero_centered, int64_t cols, cudaStream_t stream);
+  const float* gamma() const { return gamma_; }
+  const float* beta() const { return beta_; }  // nullptr without beta
+
+ private:
+  static bool usable(const void* w, int32_t dtype) {
+    return dtype == TE_DTYPE_FLOAT32 && aligned(w, 16);
+  }
+  Scratch scratch_;
+  const float* gamma_;
+  const float* beta_;
+};
+
 // sm_count() * resident CTAs per SM of kKernel at `threads` with `smem` bytes of dynamic shared
 // memory (a function of `threads` for each kernel; cached per kernel and thread count).
 template <auto kKernel>
@@ -76,6 +102,57 @@ int64_t resident_ctas(int threads, size_t smem = 0) {
   return static_cast<int64_t>(n) * sm_count();
 }
 
+// Lets kKernel take `smem` bytes of dynamic shared memory (above 48 KB needs an opt-in, per
+// device; remembered per ordinal). Call before resident_ctas, whose query assumes it.
+template <auto kKernel>
+void allow_dynamic_smem(size_t smem) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> opted_in[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && smem <= opted_in[device].load(std::memory_order_relaxed)) return;
+  check_cuda(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             "norm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (cached) opted_in[device].store(smem, std::memory_order_relaxed);
+}
+
+// The most dynamic shared memory one CTA of kKernel can take on the current device: the opt-in
+// limit (227 KB on sm_90/100, 163 KB on sm_80, 99 KB on sm_89/120) less the kernel's static shared
+// memory. Cached per device.
+template <auto kKernel>
+size_t max_dynamic_smem() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> cache[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const size_t c = cache[device].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, kKernel), "norm: cudaFuncGetAttributes");
+  const size_t optin_bytes = static_cast<size_t>(optin);
+  const size_t limit = optin_bytes > attr.sharedSizeBytes ? optin_bytes - attr.sharedSizeBytes : 0;
+  if (cached) cache[device].store(limit, std::memory_order_relaxed);
+  return limit;
+}
+
+// TEMPORARY measurement switch (benchmarks/NOTES.md, norm notes of 2026-11-30): an integer from the
+// environment, read once per name by the caller's static; `fallback` when unset or not in
+// [lo, hi]. Remove with the switch once the GPU run has picked a value.
+inline int env_choice(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return (*end == '\0' && n >= lo && n <= hi) ? static_cast<int>(n) : fallback;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers.
@@ -127,6 +204,20 @@ __device__ __forceinline__ uint32_t bits16(T v) {
     return __half_as_ushort(v);
   } else {
     return __bfloat16_as_ushort(v);
+  }
+}
+
+// 8 weights at w[c..] (w from Fp32Weights: 16-byte aligned; c a multiple of 8); elements >= valid
+// read as 0.
+__device__ __forceinline__ void load8f(const float* w, int64_t c, int valid, float (&out)[8]) {
+  if (valid >= 8) {
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(w + c));
+    const float4 hi = __ldg(reinterpret_cast<const float4*>(w + c) + 1);
+    out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+    out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = k < valid ? __ldg(w + c + k) : 0.0f;
   }
 }
 
@@ -200,6 +291,59 @@ __device__ __forceinline__ void row_sum(float (&v)[N], float* smem) {
   }
 }
 
+// v[i] = s[i] + s[N + i] + ... + s[(W - 1) * N + i], added in that order (row_sum's), with
+// 16-byte reads: s 16-byte aligned, W * N a multiple of 4.
+template <int N, int W>
+__device__ __forceinline__ void fold_warps(float (&v)[N], const float* s) {
+  static_assert((W * N) % 4 == 0, "fold_warps: whole 16-byte reads");
+  const float4* s4 = reinterpret_cast<const float4*>(s);
+#pragma unroll
+  for (int q = 0; q < W * N / 4; ++q) {
+    const float4 f = s4[q];
+    const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) v[r % N] = q == 0 && r < N ? e[r] : __fadd_rn(v[r % N], e[r]);
+  }
+}
+
+// row_sum for kernels that loop over rows: one barrier per call instead of two. Successive calls
+// alternate between the two halves of `smem` (2 * blockDim.y * (X / 32) * N floats, 16-byte
+// aligned; `parity` starts at 0 and is the caller's, uniform over the CTA): call k writes half
+// k % 2 only after passing the barrier of call k - 1, which every thread reaches after it has read
+// what it needed of call k - 2, the last user of that half. The sum is row_sum's, in row_sum's
+// order.
+template <int N>
+__device__ __forceinline__ void row_sum_pp(float (&v)[N], float* smem, int& parity) {
+  static_assert(N == 1 || N == 2, "row_sum_pp: 1 or 2 sums");
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] = __fadd_rn(v[i], __shfl_xor_sync(0xffffffffu, v[i], o));
+  const int warps = blockDim.x / 32;
+  if (warps == 1) return;
+  float* s = smem + (parity * blockDim.y + threadIdx.y) * warps * N;
+  parity ^= 1;
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[(threadIdx.x / 32) * N + i] = v[i];
+  }
+  __syncthreads();
+  // The common warp counts unrolled: 16-byte reads and a straight chain of adds (a loop with a
+  // run-time trip count cost ~100 instructions per call for 16 warps: SASS, NOTES.md).
+  switch (warps) {
+    case 4: fold_warps<N, 4>(v, s); break;
+    case 8: fold_warps<N, 8>(v, s); break;
+    case 16: fold_warps<N, 16>(v, s); break;
+    default:
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        float a = s[i];
+        for (int w = 1; w < warps; ++w) a = __fadd_rn(a, s[w * N + i]);
+        v[i] = a;
+      }
+  }
+}
+
 // Max of amax bits over the whole CTA (valid in every thread). `smem`: one word per warp.
 __device__ __forceinline__ uint32_t cta_max(uint32_t m, uint32_t* smem) {
   m = warp_max(m);
@@ -211,6 +355,90 @@ __device__ __forceinline__ uint32_t cta_max(uint32_t m, uint32_t* smem) {
   uint32_t r = 0;
   for (int w = 0; w < warps; ++w) r = max(r, smem[w]);
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows staged in shared memory. The row kernels copy a later row into shared memory with cp.async
+// while they compute the current one, so loads stay in flight through a row's reductions and
+// stores (with one row per CTA and nothing in flight from its load to its last barrier, the first
+// kernels were latency-bound: benchmarks/NOTES.md). A thread copies and reads back only its own
+// chunks, so no barrier is needed between the two: cp.async.wait_group makes a thread's copies
+// visible to itself. A staged chunk is kQuads 16-byte pieces, piece q of thread t at
+// slot[q * X + t]: a warp's 16-byte accesses cover consecutive bytes, free of bank conflicts.
+
+template <typename T>
+constexpr int kQuads = Raw8<T>::kWords / 4;  // 16-byte pieces per chunk of 8: fp32 2, 16-bit 1
+
+// Copies `bytes` (1..16) from global `src` (16-byte aligned) to the shared address `dst`,
+// zero-filling to 16.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
+  if (bytes >= 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `pending` (0..2) of this thread's newest commit groups are incomplete.
+__device__ __forceinline__ void cp_async_wait(int pending) {
+  if (pending >= 2) {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  } else if (pending == 1) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  }
+}
+
+// Stages one whole chunk of a 16-byte aligned row: slot at shared address dst (pieces X * 16 bytes
+// apart).
+template <typename T>
+__device__ __forceinline__ void stage_whole_chunk(uint32_t dst, int X, const T* src) {
+#pragma unroll
+  for (int q = 0; q < kQuads<T>; ++q) {
+    cp_async16(dst + q * X * 16, src + q * (16 / static_cast<int>(sizeof(T))), 16);
+  }
+}
+
+// Stages any chunk (the `valid` elements at src; the rest +0, as load_chunk reads them) into the
+// slot at `slot` (shared address dst): cp.async where the row is 16-byte aligned (vec), else
+// loaded here and stored (an unaligned row then waits for its loads, like the unstaged kernels).
+template <typename T>
+__device__ __forceinline__ void stage_chunk(uint4* slot, uint32_t dst, int X, const T* src, int valid,
+                                            bool vec) {
+  if (vec && valid > 0) {
+#pragma unroll
+    for (int q = 0; q < kQuads<T>; ++q) {
+      const int bytes = valid * static_cast<int>(sizeof(T)) - 16 * q;
+      if (bytes > 0) {
+        cp_async16(dst + q * X * 16, src + q * (16 / static_cast<int>(sizeof(T))), bytes);
+      } else {
+        slot[q * X] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  } else {
+    Raw8<T> v;
+    v.load_scalar(src, valid);
+#pragma unroll
+    for (int q = 0; q < kQuads<T>; ++q) {
+      slot[q * X] = make_uint4(v.w[4 * q], v.w[4 * q + 1], v.w[4 * q + 2], v.w[4 * q + 3]);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void read_chunk(Raw8<T>& v, const uint4* slot, int X) {
+#pragma unroll
+  for (int q = 0; q < kQuads<T>; ++q) {
+    const uint4 u = slot[q * X];
+    v.w[4 * q] = u.x;
+    v.w[4 * q + 1] = u.y;
+    v.w[4 * q + 2] = u.z;
+    v.w[4 * q + 3] = u.w;
+  }
 }
 
 }  // namespace norm

@@ -13,10 +13,13 @@
 // Paths:
 //   fused      dz and x of one dtype and H <= 16384 (the row in registers: 512 threads x up to
 //              4 chunks of 8): one kernel reads dz and x once, writes dx, and keeps each column's
-//              dgamma/dbeta partial sums in shared memory over its row range.
-//   generic    any other case (longer rows, dz and x of different dtypes): a dx kernel that
-//              re-reads the row from L2 for its second pass, then a column kernel that reads dz
-//              and x again for the partial sums. Correct everywhere, slower.
+//              dgamma/dbeta partial sums in shared memory over its row range. The next row's dz
+//              and x are copied into shared memory (cp.async) while the current row is reduced
+//              and written, so loads stay in flight through the row's barrier and stores.
+//   generic    any other case (longer rows, dz and x of different dtypes, a fused CTA too large for
+//              the device's shared memory): a dx kernel that re-reads the row from L2 for its
+//              second pass, then a column kernel that reads dz and x again for the partial sums.
+//              Correct everywhere, slower.
 #include "common/kernels.h"
 #include "cuda/cuda_utils.cuh"
 #include "cuda/norm_row.cuh"
@@ -34,10 +37,8 @@ struct BwdParams {
   int64_t rows, cols;
   const float* mu;  // [rows], LayerNorm only
   const float* rsigma;
-  const void* gamma;
-  int32_t gamma_dtype;
-  bool gamma_vec;
-  bool rms, zero_centered;
+  const float* gamma;  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights)
+  bool rms;
   const void* add;  // [rows, cols] or nullptr
   int32_t add_dtype;
   void* dx;
@@ -52,10 +53,9 @@ struct Grad {
   float xhat, dxhat;
 };
 
-__device__ __forceinline__ Grad grad_at(const BwdParams& p, float x, float dy, float g, float mu,
-                                        float rs) {
+__device__ __forceinline__ Grad grad_at(float x, float dy, float g, float mu, float rs) {
   // mu is +0 for RMSNorm, and x - 0 is x bit for bit.
-  return {__fmul_rn(__fsub_rn(x, mu), rs), __fmul_rn(dy, p.zero_centered ? __fadd_rn(1.0f, g) : g)};
+  return {__fmul_rn(__fsub_rn(x, mu), rs), __fmul_rn(dy, g)};
 }
 
 __device__ __forceinline__ float dx_at(const Grad& d, float mean_dxhat, float mean_proj, float rs) {
@@ -69,11 +69,11 @@ __device__ __forceinline__ void emit_dx(const BwdParams& p, int64_t base, int64_
                                         float mean_dxhat, float mean_proj, bool dx_vec,
                                         bool add_vec) {
   float g[8], a[8], dx[8];
-  norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+  norm::load8f(p.gamma, c, valid, g);
   if (p.add != nullptr) norm::load8(p.add, p.add_dtype, base + c, valid, add_vec, a);
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    dx[k] = dx_at(grad_at(p, vx.get(k), vd.get(k), g[k], mu, rs), mean_dxhat, mean_proj, rs);
+    dx[k] = dx_at(grad_at(vx.get(k), vd.get(k), g[k], mu, rs), mean_dxhat, mean_proj, rs);
     if (p.add != nullptr) dx[k] = __fadd_rn(dx[k], a[k]);
   }
   norm::store8(p.dx, p.dx_dtype, base + c, dx, valid, dx_vec);
@@ -117,18 +117,31 @@ __device__ __forceinline__ void add8(float* acc, const float (&v)[8]) {
 // registers hold just the row data and the CTA count per SM is not cut by 2 * H accumulators
 // per CTA in the register file. 16-bit rows of up to 16384 run at 512 threads x 4 chunks.
 // Two CTAs of 512 threads per SM (64 registers) where the row data allows: 16-bit rows of up to
-// 2 chunks per thread.
+// 2 chunks per thread. After the partials, shared memory holds one staged row per row group:
+// dz, then x, each [Y][kChunks][kQuads][X] 16-byte pieces (norm_row.cuh). One stage, not two:
+// with two, H = 8192 LayerNorm would need 128 KB per CTA and fit one CTA per SM, not two.
 template <typename T, int kChunks>
 constexpr int kBwdMinBlocks = (sizeof(T) == 2 && kChunks <= 2) ? 2 : 1;
 
 template <typename T, int kChunks, bool kDbeta>
+constexpr size_t bwd_smem_bytes(int threads) {
+  const size_t partials = (kDbeta ? 2 : 1) * 8 * sizeof(float), staged = 2 * sizeof(Raw8<T>);  // per chunk
+  return static_cast<size_t>(threads) * kChunks * (partials + staged);
+}
+
+template <typename T, int kChunks, bool kDbeta>
 __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_bwd_kernel(const BwdParams p) {
   extern __shared__ float4 acc_smem[];
-  __shared__ float red[kMaxThreads / 32 * 2];
+  __shared__ __align__(16) float red[2 * kMaxThreads / 32 * 2];
+  constexpr int kQ = norm::kQuads<T>;
   const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
   const int width = X * 8 * kChunks;
   float* acc_g = reinterpret_cast<float*>(acc_smem) + ty * width;  // this row group's dgamma
   float* acc_b = acc_g + Y * width;                                 // and dbeta
+  uint4* const staged_dz =
+      reinterpret_cast<uint4*>(reinterpret_cast<float*>(acc_smem) + (kDbeta ? 2 : 1) * Y * width) +
+      ty * kChunks * kQ * X + t;
+  uint4* const staged_x = staged_dz + Y * kChunks * kQ * X;
   const int64_t cols = p.cols;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t last = min(p.rows, first + p.rows_per_cta);
@@ -143,53 +156,109 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
     }
   }
 
+  // This thread's chunks: all inside a row (every thread but a row's last few where H is not a
+  // multiple of X * 8 * kChunks), then no chunk needs the column arithmetic or masks.
+  const bool full = static_cast<int64_t>(((kChunks - 1) * X + t) * 8 + 8) <= cols;
+  auto valid_of = [&](int j, bool live) -> int {
+    return !live ? 0 : (full ? 8 : norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8));
+  };
+  const uint32_t dz_s = static_cast<uint32_t>(__cvta_generic_to_shared(staged_dz));
+  const uint32_t x_s = static_cast<uint32_t>(__cvta_generic_to_shared(staged_x));
+  // Stages row `row`'s dz and x (zeros where it is past the CTA's range).
+  auto stage_row = [&](int64_t row) {
+    const bool live = row < last;
+    const int64_t at = (live ? row : 0) * cols + t * 8;  // chunk j at at + j * X * 8
+    const T* xr = static_cast<const T*>(p.x) + at;
+    const T* dzr = static_cast<const T*>(p.dz) + at;
+    const bool x_vec = norm::aligned16(xr), dz_vec = norm::aligned16(dzr);
+    if (live && full && x_vec && dz_vec) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        norm::stage_whole_chunk(dz_s + j * kQ * X * 16, X, dzr + j * X * 8);
+        norm::stage_whole_chunk(x_s + j * kQ * X * 16, X, xr + j * X * 8);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int valid = valid_of(j, live);
+        norm::stage_chunk(staged_dz + j * kQ * X, dz_s + j * kQ * X * 16, X, dzr + j * X * 8, valid, dz_vec);
+        norm::stage_chunk(staged_x + j * kQ * X, x_s + j * kQ * X * 16, X, xr + j * X * 8, valid, x_vec);
+      }
+    }
+    norm::cp_async_commit();
+  };
+  // mu / rsigma of `row` (0 past the CTA's range).
+  auto fetch_stats = [&](int64_t row, float& mu, float& rs) {
+    const bool live = row < last;
+    mu = live && !p.rms ? p.mu[row] : 0.0f;
+    rs = live ? p.rsigma[row] : 0.0f;
+  };
+
+  stage_row(first + ty);
+  float next_mu, next_rs;
+  fetch_stats(first + ty, next_mu, next_rs);
+  int parity = 0;
   for (int64_t r0 = first; r0 < last; r0 += Y) {
     const int64_t row = r0 + ty;
     const bool live = row < last;
     const int64_t base = (live ? row : 0) * cols;
     const RowPtrs rp = row_ptrs<T, T>(p, base);
-    const T* xr = static_cast<const T*>(p.x) + base;
-    const T* dzr = static_cast<const T*>(p.dz) + base;
+    norm::cp_async_wait(0);
     Raw8<T> vx[kChunks], vd[kChunks];
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int64_t c = static_cast<int64_t>(j * X + t) * 8;
-      const int valid = live ? norm::chunk_valid(cols, c) : 0;
-      norm::load_chunk(vd[j], dzr + c, valid, rp.dz_vec);
-      norm::load_chunk(vx[j], xr + c, valid, rp.x_vec);
+      norm::read_chunk(vd[j], staged_dz + j * kQ * X, X);
+      norm::read_chunk(vx[j], staged_x + j * kQ * X, X);
     }
-    const float mu = live && !p.rms ? p.mu[row] : 0.0f;
-    const float rs = live ? p.rsigma[row] : 0.0f;
+    // The next row goes into the stage just read: only this thread reads its chunks, and its
+    // reads precede in program order the copy it starts now (an asynchronous copy is performed
+    // after the call that starts it), so the copy overlaps this whole row's work. Likewise its
+    // mu and rsigma, loaded a row ahead.
+    if (r0 + Y < last) stage_row(row + Y);
+    const float mu = next_mu, rs = next_rs;
+    if (r0 + Y < last) fetch_stats(row + Y, next_mu, next_rs);
     float sums[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = static_cast<int64_t>(j * X + t) * 8;
-      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      const int valid = valid_of(j, live);
       float g[8], pg[8], pb[8];
-      norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+      norm::load8f(p.gamma, c, valid, g);
+      if (valid == 8) {  // whole chunks (all but a row's last) without the masks below
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float dy = vd[j].get(k);
-        const Grad d = grad_at(p, vx[j].get(k), dy, g[k], mu, rs);
-        const bool in = k < valid;
-        sums[0] = __fadd_rn(sums[0], in ? d.dxhat : 0.0f);
-        sums[1] = __fmaf_rn(in ? d.dxhat : 0.0f, d.xhat, sums[1]);
-        pg[k] = in ? __fmul_rn(dy, d.xhat) : 0.0f;
-        pb[k] = dy;  // 0 outside the row
+        for (int k = 0; k < 8; ++k) {
+          const float dy = vd[j].get(k);
+          const Grad d = grad_at(vx[j].get(k), dy, g[k], mu, rs);
+          sums[0] = __fadd_rn(sums[0], d.dxhat);
+          sums[1] = __fmaf_rn(d.dxhat, d.xhat, sums[1]);
+          pg[k] = __fmul_rn(dy, d.xhat);
+          pb[k] = dy;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float dy = vd[j].get(k);
+          const Grad d = grad_at(vx[j].get(k), dy, g[k], mu, rs);
+          const bool in = k < valid;
+          sums[0] = __fadd_rn(sums[0], in ? d.dxhat : 0.0f);
+          sums[1] = __fmaf_rn(in ? d.dxhat : 0.0f, d.xhat, sums[1]);
+          pg[k] = in ? __fmul_rn(dy, d.xhat) : 0.0f;
+          pb[k] = dy;  // 0 outside the row
+        }
       }
       if (valid > 0) {
         add8(acc_g + (j * X + t) * 8, pg);
         if constexpr (kDbeta) add8(acc_b + (j * X + t) * 8, pb);
       }
     }
-    norm::row_sum(sums, red);
+    norm::row_sum_pp(sums, red, parity);
     const float mean_dxhat = p.rms ? 0.0f : __fdiv_rn(sums[0], n);
     const float mean_proj = __fdiv_rn(sums[1], n);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = static_cast<int64_t>(j * X + t) * 8;
-      const int valid = live ? norm::chunk_valid(cols, c) : 0;
-      emit_dx(p, base, c, valid, vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec, rp.add_vec);
+      emit_dx(p, base, c, valid_of(j, live), vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec,
+              rp.add_vec);
     }
   }
 
@@ -252,11 +321,11 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_dx_kernel(const BwdParam
       const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
       const int valid = live ? norm::chunk_valid(cols, c) : 0;
       float g[8];
-      norm::load8(p.gamma, p.gamma_dtype, c, valid, p.gamma_vec, g);
+      norm::load8f(p.gamma, c, valid, g);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         if (k < valid) {
-          const Grad d = grad_at(p, vx[j].get(k), vd[j].get(k), g[k], mu, rs);
+          const Grad d = grad_at(vx[j].get(k), vd[j].get(k), g[k], mu, rs);
           sums[0] = __fadd_rn(sums[0], d.dxhat);
           sums[1] = __fmaf_rn(d.dxhat, d.xhat, sums[1]);
         }
@@ -358,22 +427,16 @@ norm::RowLayout fused_layout(int64_t cols) {
   return norm::choose_layout(cols, [](int k) { return k == 8 ? 0 : kMaxThreads; }, kMaxThreads);
 }
 
+// False, launching nothing, where a CTA's partial sums and staged row do not fit the device's
+// shared memory (fp32 LayerNorm rows of 4 chunks on any device; 16-bit ones of 4 chunks on
+// sm_80/89/120, fp32 ones of 2 on sm_89/120): the generic path then does the work.
 template <typename T, int kChunks, bool kDbeta>
-void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
+bool launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
                   cudaStream_t stream) {
   const int threads = layout.threads * layout.rows;
-  const size_t smem = (kDbeta ? 2 : 1) * sizeof(float) * static_cast<size_t>(threads) * 8 * kChunks;
-  // Dynamic shared memory above 48 KB needs an opt-in, per device (remembered per ordinal).
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> opted_in[kMaxDevices] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < 0 || device >= kMaxDevices || smem > opted_in[device].load(std::memory_order_relaxed)) {
-    check_cuda(cudaFuncSetAttribute(norm_bwd_kernel<T, kChunks, kDbeta>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-               "norm_bwd_kernel: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (device >= 0 && device < kMaxDevices) opted_in[device].store(smem, std::memory_order_relaxed);
-  }
+  const size_t smem = bwd_smem_bytes<T, kChunks, kDbeta>(threads);
+  if (smem > norm::max_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>()) return false;
+  norm::allow_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>(smem);
   // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
   // busy.
   const int64_t groups = ceil_div(a.rows, layout.rows);
@@ -388,23 +451,22 @@ void launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layo
       <<<static_cast<unsigned>(ctas), dim3(layout.threads, layout.rows), smem, stream>>>(p);
   check_launch("norm_bwd_kernel");
   reduce_partials(a, p.dgamma_part, p.dbeta_part, ctas, stream);
+  return true;
 }
 
 template <typename T>
 bool fused_bwd(const NormBwdArgs& a, const BwdParams& p, cudaStream_t stream) {
   const norm::RowLayout layout = fused_layout<T>(a.cols);
   if (layout.chunks == 0) return false;
+  bool done = false;
   norm::dispatch_chunks(layout.chunks, [&](auto chunks) {
     constexpr int kChunks = decltype(chunks)::value;
     if constexpr (kChunks > 0 && kChunks < 8) {
-      if (a.dbeta != nullptr) {
-        launch_fused<T, kChunks, true>(a, p, layout, stream);
-      } else {
-        launch_fused<T, kChunks, false>(a, p, layout, stream);
-      }
+      done = a.dbeta != nullptr ? launch_fused<T, kChunks, true>(a, p, layout, stream)
+                                : launch_fused<T, kChunks, false>(a, p, layout, stream);
     }
   });
-  return true;
+  return done;
 }
 
 template <typename TX, typename TD>
@@ -454,11 +516,10 @@ void norm_bwd(const NormBwdArgs& a, void* stream_ptr) {
   p.cols = a.cols;
   p.mu = a.rms ? nullptr : a.mu;
   p.rsigma = a.rsigma;
-  p.gamma = a.gamma;
-  p.gamma_dtype = a.gamma_dtype;
-  p.gamma_vec = aligned(a.gamma, 16);
+  const norm::Fp32Weights w(a.gamma, a.gamma_dtype, nullptr, TE_DTYPE_FLOAT32, a.zero_centered_gamma,
+                            a.cols, stream);
+  p.gamma = w.gamma();
   p.rms = a.rms;
-  p.zero_centered = a.zero_centered_gamma;
   p.add = a.add;
   p.add_dtype = a.add_dtype;
   p.dx = a.dx;

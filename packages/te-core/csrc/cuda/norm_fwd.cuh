@@ -1,0 +1,606 @@
+// LayerNorm / RMSNorm forward kernels (te/normalization.h has the contract; csrc/cpu/normalization.cpp
+// is the reference; normalization.cu chooses the passes). fp32 math: LayerNorm's two passes (mean,
+// then the centered squares) over the row, rsigma = 1 / sqrt(var + eps) with both operations
+// correctly rounded, and y = ((x - mu) * rsigma) * g + beta with explicit round-to-nearest
+// operations, so nothing is contracted into a fused multiply-add and y is the CPU's formula; only
+// the sums run in another (fixed) order, so mu, rsigma and y agree with the CPU to fp32 rounding.
+//
+// Two kernels, chosen by norm_row.cuh's layout (from H and the input dtype alone):
+//   rows     rows of up to 8 chunks of 8 elements per thread, read once. Persistent: one wave of
+//            CTAs, each taking every gridDim.x-th row group, with the next row copied into shared
+//            memory (cp.async) while the current one is reduced and written, so every CTA keeps a
+//            row of loads in flight through its barriers.
+//   re-read  longer rows: one row group per CTA, read from L2 again for each pass.
+// Both write y directly where the scale is known inside the row: high precision; per-tensor FP8
+// (the scale given or derived on the device from a given amax; amax of y max-accumulated, one
+// atomic per CTA); 1x128 blocks row-wise (a block is 16 lanes of one warp). The per-tensor and
+// block arithmetic (quantize8, compute_scale_from_amax, 1 / scale, amax bits) is the quantize
+// kernels' own, so the FP8 output is bit-identical to te_quantize of the fp32 y.
+//
+// The kernels are instantiated per output kind in normalization_fwd_{hp,per_tensor,block}.cu
+// (compiled in parallel); normalization.cu calls launch_fwd.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common/kernels.h"
+#include "cuda/cast_tile.cuh"
+#include "cuda/cuda_utils.cuh"
+#include "cuda/norm_row.cuh"
+
+namespace te {
+namespace cuda {
+namespace normfwd {
+
+using norm::kIter;
+using norm::kMaxThreads;
+
+enum OutKind : int { kOutHigh = 0, kOutPerTensor = 1, kOutBlock1D = 2 };
+
+struct FwdParams {
+  const void* x;  // [rows, cols]
+  int64_t rows, cols;
+  const float* gamma;  // [cols], fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights)
+  const float* beta;   // [cols] fp32, or nullptr
+  float eps;
+  bool rms;
+  // Computed stats are written where non-null; with load_stats they are read instead (pass 2).
+  float* mu;
+  float* rsigma;
+  bool load_stats;
+  void* out;  // y: [rows, cols] of out_dtype (high precision) or FP8 bytes; nullptr: not written
+  int32_t out_dtype;
+  // Per-tensor FP8.
+  const float* scale;    // delayed: the scale to use
+  const float* amax_in;  // current: the amax the scale derives from
+  bool current;
+  float* amax_out;  // max-accumulated amax of y, or nullptr
+  float* scale_out;  // current: written, or nullptr
+  float* rowwise_scale_inv;
+  float* columnwise_scale_inv;
+  // 1x128 blocks: scale_inv[(c / 128) * ld + row].
+  float* block_scale_inv;
+  int64_t block_scale_ld;
+  bool pow2;
+  float amax_epsilon;
+  int stages;  // rows kernel: shared-memory stages per row group (set by launch_rows)
+};
+
+// x - mu of one element. RMSNorm skips the subtraction: its mu is +0, x - (+0) is x for every
+// non-NaN x (-0 included), and a NaN comes out of the multiply that follows the same either way.
+template <bool kRms>
+__device__ __forceinline__ float centered(float x, float mu) {
+  return kRms ? x : __fsub_rn(x, mu);
+}
+
+// sq + the sum of d^2 over the chunk's `valid` elements. Whole chunks skip the per-element masks.
+__device__ __forceinline__ float add_squares(float sq, const float (&d)[8], int valid) {
+  if (valid == 8) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sq = __fmaf_rn(d[k], d[k], sq);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) sq = __fmaf_rn(d[k], d[k], sq);
+  }
+  return sq;
+}
+
+// y = ((x - mu) * rsigma) * gamma + beta of one chunk, from its centered values d, in place.
+__device__ __forceinline__ void chunk_y(const FwdParams& p, int64_t c, int valid, float rs, float (&d)[8]) {
+  float g[8], b[8];
+  norm::load8f(p.gamma, c, valid, g);
+  if (p.beta != nullptr) norm::load8f(p.beta, c, valid, b);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    d[k] = __fmul_rn(__fmul_rn(d[k], rs), g[k]);
+    if (p.beta != nullptr) d[k] = __fadd_rn(d[k], b[k]);
+  }
+}
+
+// Max of |y| bits over the chunk's `valid` elements (whole chunks without the masks).
+__device__ __forceinline__ uint32_t chunk_amax(const float (&y)[8], int valid) {
+  uint32_t m = 0;
+  if (valid == 8) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = max(m, abs_bits(y[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) m = max(m, abs_bits(y[k]));
+  }
+  return m;
+}
+
+// The per-tensor amax of everything a CTA writes, kept as two running maxima of y's bit patterns,
+// the signed (s) and the unsigned (u) one: one 3-input integer max per two elements each, against
+// a mask and a max per element for max(|bits|). With M = 0x7fffffff, max(s & M, u & M) is the max
+// of |y|'s bits (NaN-propagating as te's amax): a positive value (sign bit clear) beats every
+// negative one in s, so s holds the largest positive bits where there is a positive value; a
+// negative one beats every positive one in u, and among negatives both orders grow with the
+// magnitude, so u & M (and s & M where nothing is positive) is the largest negative magnitude.
+struct AmaxAcc {
+  int32_t s = INT32_MIN;  // bits 0x80000000: & M is 0, the amax of nothing
+  uint32_t u = 0;
+  __device__ __forceinline__ void add(const float (&y)[8], int valid) {
+    if (valid == 8) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        s = max(s, __float_as_int(y[k]));
+        u = max(u, __float_as_uint(y[k]));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (k < valid) {
+          s = max(s, __float_as_int(y[k]));
+          u = max(u, __float_as_uint(y[k]));
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ uint32_t bits() const {
+    return max(static_cast<uint32_t>(s) & 0x7fffffffu, u & 0x7fffffffu);
+  }
+};
+
+template <int kFmt>
+constexpr float kFp8Max = kFmt == TE_DTYPE_FLOAT8_E5M2 ? 57344.0f : 448.0f;
+
+// The per-tensor scale of a kernel that writes FP8 (1 otherwise); block 0 writes the scale outputs.
+template <int kOut, int kFmt>
+__device__ __forceinline__ float per_tensor_scale(const FwdParams& p) {
+  float s = 1.0f;
+  if constexpr (kOut == kOutPerTensor) {
+    if (p.out != nullptr) {
+      s = p.current ? compute_scale_from_amax(*p.amax_in, kFp8Max<kFmt>, p.pow2, p.amax_epsilon) : *p.scale;
+      if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+        const float s_inv = 1.0f / s;
+        if (p.current && p.scale_out != nullptr) *p.scale_out = s;
+        if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
+        if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
+      }
+    }
+  }
+  return s;
+}
+
+// Whether the output row at element offset `base` takes wide stores.
+template <int kOut>
+__device__ __forceinline__ bool out_row_vec(const FwdParams& p, int64_t base) {
+  if (p.out == nullptr) return false;
+  if constexpr (kOut == kOutHigh) {
+    return norm::aligned16(static_cast<const char*>(p.out) + base * norm::elem_bytes(p.out_dtype));
+  } else {
+    return (reinterpret_cast<uintptr_t>(static_cast<const uint8_t*>(p.out) + base) & 7u) == 0;
+  }
+}
+
+template <int kFmt>
+__device__ __forceinline__ void store_fp8(const FwdParams& p, int64_t at, const float (&y)[8], float scale,
+                                          int valid, bool out_vec) {
+  Raw8<float> r;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) r.w[k] = __float_as_uint(y[k]);
+  tile::store_row8(static_cast<uint8_t*>(p.out) + at, quantize8<kFmt>(r, scale), valid, out_vec);
+}
+
+// After the CTA's last row: its per-tensor amax, max-accumulated into amax_out.
+template <int kOut>
+__device__ __forceinline__ void finish_amax(const FwdParams& p, const AmaxAcc& acc, uint32_t* red_max) {
+  if constexpr (kOut == kOutPerTensor) {
+    if (p.amax_out != nullptr) {
+      const uint32_t m = norm::cta_max(acc.bits(), red_max);
+      if (threadIdx.x == 0 && threadIdx.y == 0) atomic_max_amax(p.amax_out, m);
+    }
+  }
+}
+
+// ---- 1x128 blocks in the rows kernel ----------------------------------------------------------
+// Chunk j of the 16 lanes of a half-warp is one block, so a thread holds pieces of kChunks blocks.
+// Rather than a 4-shuffle butterfly and a scale computation (an IEEE division) in every lane for
+// every block, the half-warp reduces its K blocks together, keeping half of the set at each
+// shuffle step (lanes with bit O set keep the upper half): after log2(K) such steps and a
+// butterfly over the remaining lane bits, lane i holds the whole max of one block, computes that
+// block's scale only, and the scales are shuffled back to every lane that needs them. For K = 4:
+// 5 shuffles and one scale per lane instead of 16 and four.
+
+// Returns the block max this lane ends up with; `chunk` (0 on entry) becomes that block's chunk.
+template <int K, int O>
+__device__ __forceinline__ uint32_t reduce_scatter_max(const uint32_t (&m)[K], int lane, int& chunk) {
+  if constexpr (O == 0) {
+    return m[0];
+  } else if constexpr (K == 1) {
+    const uint32_t v[1] = {max(m[0], __shfl_xor_sync(0xffffffffu, m[0], O))};
+    return reduce_scatter_max<1, O / 2>(v, lane, chunk);
+  } else {
+    constexpr int H = K / 2;
+    const bool hi = (lane & O) != 0;
+    uint32_t next[H];
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const uint32_t send = hi ? m[i] : m[i + H];
+      next[i] = max(hi ? m[i + H] : m[i], __shfl_xor_sync(0xffffffffu, send, O));
+    }
+    if (hi) chunk += H;
+    return reduce_scatter_max<H, O / 2>(next, lane, chunk);
+  }
+}
+
+// The lane (within its half-warp) that reduce_scatter_max leaves holding chunk j's block.
+template <int K>
+__device__ __forceinline__ constexpr int scatter_lane(int j) {
+  int lane = 0;
+  for (int h = K / 2, o = 8; h >= 1; h /= 2, o /= 2)
+    if (j & h) lane += o;
+  return lane;
+}
+
+// Threads per CTA of the rows kernel (fwd_layout's bound) and the CTAs per SM its registers are
+// held for: 4 x 256 threads (64 registers) up to 4 chunks, but 3 (80) for 1x128 blocks of 4
+// chunks, which hold all 32 y values for their scales; one CTA of 512 or two of 256 for 8 chunks
+// (ptxas -v: NOTES.md).
+template <typename T, int kChunks>
+constexpr int kRowThreads = (kChunks == 8 && sizeof(T) == 2) ? 512 : 256;
+template <typename T, int kOut, int kChunks>
+constexpr int kRowMinBlocks =
+    kChunks <= 4 ? (kOut == kOutBlock1D && kChunks == 4 ? 3 : 4) : (sizeof(T) == 2 ? 1 : 2);
+
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+__global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut, kChunks>)
+    norm_fwd_rows_kernel(const FwdParams p) {
+  extern __shared__ uint4 staged[];  // [stages][Y][kChunks][kQuads][X] 16-byte pieces
+  __shared__ __align__(16) float red[2 * kMaxThreads / 32];
+  __shared__ uint32_t red_max[kMaxThreads / 32];
+  constexpr int kQ = norm::kQuads<T>;
+  const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
+  const int64_t cols = p.cols;
+  const float n = static_cast<float>(cols);
+  const int stages = p.stages;
+  const int stage_size = Y * kChunks * kQ * X;  // 16-byte pieces
+  uint4* const mine = staged + ty * kChunks * kQ * X + t;
+  const uint32_t mine_s = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
+  // All of this thread's chunks inside a row (every thread but a row's last few where H is not a
+  // multiple of X * 8 * kChunks): then no chunk needs the column arithmetic or masks.
+  const bool full = static_cast<int64_t>(((kChunks - 1) * X + t) * 8 + 8) <= cols;
+  auto valid_of = [&](int j, bool live) -> int {
+    return !live ? 0 : (full ? 8 : norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8));
+  };
+  const float s = per_tensor_scale<kOut, kFmt>(p);
+
+  // Copies this thread's chunks of row `row` into stage st (nothing past the last row group).
+  auto stage_row = [&](int64_t row, int st) {
+    if (row - ty >= p.rows) return;
+    const bool live = row < p.rows;
+    const T* xr = static_cast<const T*>(p.x) + (live ? row : 0) * cols + t * 8;
+    const uint32_t dst = mine_s + st * stage_size * 16;
+    const int chunk_bytes = kQ * X * 16;  // from one staged chunk to the next
+    if (live && full && norm::aligned16(xr)) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) norm::stage_whole_chunk(dst + j * chunk_bytes, X, xr + j * X * 8);
+    } else {
+      const bool vec = norm::aligned16(xr);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        norm::stage_chunk(mine + st * stage_size + j * kQ * X, dst + j * chunk_bytes, X, xr + j * X * 8,
+                          valid_of(j, live), vec);
+      }
+    }
+  };
+  // mu / rsigma of `row` where they are read, not computed (pass 2 of current scaling): loaded one
+  // row ahead, so the load is not waited for.
+  auto fetch_stats = [&](int64_t row, float& mu, float& rs) {
+    if (!p.load_stats || row >= p.rows) return;
+    if (!kRms) mu = p.mu[row];
+    rs = p.rsigma[row];
+  };
+
+  // This thread's row: row group blockIdx.x, then every gridDim.x-th (`step` rows further).
+  const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * Y + ty;
+  for (int st = 0; st + 1 < stages; ++st) {
+    stage_row(row + st * step, st);
+    norm::cp_async_commit();
+  }
+  float next_mu = 0.0f, next_rs = 0.0f;
+  fetch_stats(row, next_mu, next_rs);
+  AmaxAcc amax;
+  int parity = 0;
+  // The loop condition is the row group's (row - ty), so every thread of the CTA takes the same
+  // number of turns (the barriers inside).
+  for (int st = 0; row - ty < p.rows; row += step, st = st + 1 == stages ? 0 : st + 1) {
+    // The row stages - 1 turns ahead goes to the stage read last time round. Only this thread
+    // reads its chunks, and its reads precede in program order the copy it starts now (an
+    // asynchronous copy is performed after the call that starts it), so no barrier is needed.
+    stage_row(row + (stages - 1) * step, st == 0 ? stages - 1 : st - 1);
+    norm::cp_async_commit();
+    norm::cp_async_wait(stages - 1);
+    const bool live = row < p.rows;
+    const int64_t base = (live ? row : 0) * cols;
+    const uint4* const slot = mine + st * stage_size;  // chunk j at slot + j * kQ * X
+    float mu = next_mu, rs = next_rs;
+    fetch_stats(row + step, next_mu, next_rs);
+
+    if (!p.load_stats) {
+      // The row as fp32 for both sums (widened once), centered once mu is known.
+      float d[kChunks][8];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        Raw8<T> v;
+        norm::read_chunk(v, slot + j * kQ * X, X);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[j][k] = v.get(k);
+      }
+      if (!kRms) {
+        float sum[1] = {0.0f};  // elements outside the row are +0, as the CPU never sees them
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j)
+#pragma unroll
+          for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], d[j][k]);
+        norm::row_sum_pp(sum, red, parity);
+        mu = __fdiv_rn(sum[0], n);
+      }
+      float sq[1] = {0.0f};
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[j][k] = centered<kRms>(d[j][k], mu);
+        sq[0] = add_squares(sq[0], d[j], full ? 8 : valid_of(j, true));
+      }
+      norm::row_sum_pp(sq, red, parity);
+      rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
+      if (live && t == 0) {
+        if (p.mu != nullptr) p.mu[row] = mu;
+        if (p.rsigma != nullptr) p.rsigma[row] = rs;
+      }
+    }
+
+    // The output, from x read again from the stage (one conflict-free 16-byte load per chunk)
+    // rather than the fp32 row kept in registers through it: with those and the weights in
+    // flight the kernel needed ~100 registers or spilled (ptxas -v, NOTES.md). Two copies: a
+    // whole row with aligned output (every chunk complete, wide loads and stores, no per-chunk
+    // tests; no output at all in pass 1 of current scaling) and any other. The 1x128 shuffles
+    // stay outside them: a warp may hold threads of both.
+    const bool whole = live && full && (p.out == nullptr || out_row_vec<kOut>(p, base));
+    const int64_t at = base + t * 8;  // chunk j at at + j * X * 8
+    auto y_of = [&](int j, int valid, float (&y)[8]) {
+      Raw8<T> v;
+      norm::read_chunk(v, slot + j * kQ * X, X);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
+      chunk_y(p, t * 8 + j * X * 8, valid, rs, y);
+    };
+    if constexpr (kOut != kOutBlock1D) {
+      auto out = [&](auto whole_tag) {
+        constexpr bool kWhole = decltype(whole_tag)::value;
+        const bool vec = kWhole || out_row_vec<kOut>(p, base);
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int valid = kWhole ? 8 : valid_of(j, live);
+          float y[8];
+          y_of(j, valid, y);
+          if constexpr (kOut == kOutHigh) {
+            if (p.out != nullptr) norm::store8(p.out, p.out_dtype, at + j * X * 8, y, valid, vec);
+          } else {
+            amax.add(y, valid);
+            if (p.out != nullptr && valid > 0) store_fp8<kFmt>(p, at + j * X * 8, y, s, valid, vec);
+          }
+        }
+      };
+      if (whole) {
+        out(std::true_type{});
+      } else {
+        out(std::false_type{});
+      }
+    } else {
+      // Every chunk's y first: the block scales need the maxima of all of them.
+      float y[kChunks][8];
+      uint32_t m[kChunks];
+      if (whole) {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          y_of(j, 8, y[j]);
+          m[j] = chunk_amax(y[j], 8);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          y_of(j, valid_of(j, live), y[j]);
+          m[j] = chunk_amax(y[j], valid_of(j, live));
+        }
+      }
+      const int lane = t & 31;
+      int chunk = 0;
+      const uint32_t bm = reduce_scatter_max<kChunks, 8>(m, lane, chunk);
+      const float sb = compute_scale_from_amax(__uint_as_float(bm), kFp8Max<kFmt>, p.pow2, p.amax_epsilon);
+      // One lane per block writes its scale_inv: the block's first lane is inside the row.
+      const int first = chunk * X + (t & ~15);
+      if (live && (lane & (16 / kChunks - 1)) == 0 && static_cast<int64_t>(first) * 8 < cols)
+        p.block_scale_inv[(first / 16) * p.block_scale_ld + row] = 1.0f / sb;
+      float sj[kChunks];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        sj[j] = __shfl_sync(0xffffffffu, sb, (lane & 16) | scatter_lane<kChunks>(j));
+      }
+      if (whole) {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) store_fp8<kFmt>(p, at + j * X * 8, y[j], sj[j], 8, true);
+      } else {
+        const bool vec = out_row_vec<kOut>(p, base);
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int valid = valid_of(j, live);
+          if (valid > 0) store_fp8<kFmt>(p, at + j * X * 8, y[j], sj[j], valid, vec);
+        }
+      }
+    }
+  }
+  finish_amax<kOut>(p, amax, red_max);
+}
+
+// Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
+template <typename T, int kOut, int kFmt>
+__global__ void __launch_bounds__(kMaxThreads) norm_fwd_reread_kernel(const FwdParams p) {
+  __shared__ float red[kMaxThreads / 32];
+  __shared__ uint32_t red_max[kMaxThreads / 32];
+  const int X = blockDim.x, t = threadIdx.x;
+  const int64_t cols = p.cols;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < p.rows;
+  const int64_t base = (live ? row : 0) * cols;
+  const T* xr = static_cast<const T*>(p.x) + base;
+  const bool x_vec = norm::aligned16(xr);
+  const float n = static_cast<float>(cols);
+  const float s = per_tensor_scale<kOut, kFmt>(p);
+  const int64_t step = static_cast<int64_t>(X) * 8 * kIter;
+  // The x of one chunk as fp32; the values past the row are +0.
+  auto load_x = [&](int64_t c, float (&x)[8]) {
+    Raw8<T> v;
+    norm::load_chunk(v, xr + c, live ? norm::chunk_valid(cols, c) : 0, x_vec);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = v.get(k);
+  };
+
+  float mu = 0.0f, rs = 0.0f;
+  if (p.load_stats && live) {
+    if (!p.rms) mu = p.mu[row];
+    rs = p.rsigma[row];
+  }
+  if (!p.load_stats) {
+    if (!p.rms) {
+      float sum[1] = {0.0f};
+      for (int64_t c0 = 0; c0 < cols; c0 += step) {
+#pragma unroll
+        for (int j = 0; j < kIter; ++j) {
+          float x[8];
+          load_x(c0 + static_cast<int64_t>(j * X + t) * 8, x);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], x[k]);
+        }
+      }
+      norm::row_sum(sum, red);
+      mu = __fdiv_rn(sum[0], n);
+    }
+    float sq[1] = {0.0f};
+    for (int64_t c0 = 0; c0 < cols; c0 += step) {
+#pragma unroll
+      for (int j = 0; j < kIter; ++j) {
+        const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+        float x[8];
+        load_x(c, x);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] = centered<false>(x[k], mu);
+        sq[0] = add_squares(sq[0], x, norm::chunk_valid(cols, c));
+      }
+    }
+    norm::row_sum(sq, red);
+    rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
+    if (live && t == 0) {
+      if (p.mu != nullptr) p.mu[row] = mu;
+      if (p.rsigma != nullptr) p.rsigma[row] = rs;
+    }
+  }
+  const bool out_vec = out_row_vec<kOut>(p, base);
+  AmaxAcc amax;
+  for (int64_t c0 = 0; c0 < cols; c0 += step) {
+#pragma unroll
+    for (int j = 0; j < kIter; ++j) {
+      const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
+      const int valid = live ? norm::chunk_valid(cols, c) : 0;
+      float y[8];
+      load_x(c, y);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) y[k] = centered<false>(y[k], mu);
+      chunk_y(p, c, valid, rs, y);
+      if constexpr (kOut == kOutHigh) {
+        if (p.out != nullptr) norm::store8(p.out, p.out_dtype, base + c, y, valid, out_vec);
+      } else if constexpr (kOut == kOutPerTensor) {
+        amax.add(y, valid);
+        if (p.out != nullptr && valid > 0) store_fp8<kFmt>(p, base + c, y, s, valid, out_vec);
+      } else {
+        // The 16 lanes holding one 128-column block (lane groups of 16 never straddle a block).
+        uint32_t m = chunk_amax(y, valid);
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        const float sb = compute_scale_from_amax(__uint_as_float(m), kFp8Max<kFmt>, p.pow2, p.amax_epsilon);
+        if (valid > 0) {
+          store_fp8<kFmt>(p, base + c, y, sb, valid, out_vec);
+          if ((t & 15) == 0) p.block_scale_inv[(c / 128) * p.block_scale_ld + row] = 1.0f / sb;
+        }
+      }
+    }
+  }
+  finish_amax<kOut>(p, amax, red_max);
+}
+
+// Registers per thread bound the chunk count: 8 chunks only with 16-bit inputs at 512 threads.
+template <typename T>
+norm::RowLayout fwd_layout(int64_t cols) {
+  return norm::choose_layout(
+      cols, [](int k) { return k < 8 ? 256 : (sizeof(T) == 2 ? 512 : 256); }, kMaxThreads);
+}
+
+// Stages of the rows kernel: 2, one row per row group in flight while the CTA works on another
+// (4 CTAs x 16 KB per SM for 16-bit rows of 8192, enough for the copy rate at ~2 us of latency).
+// TEMPORARY: TE_NORM_FWD_STAGES=3 keeps two in flight, =1 none (what devices with little shared
+// memory per CTA fall back to), for the GPU run to compare and test (NOTES.md).
+inline int fwd_stages() {
+  static const int stages = norm::env_choice("TE_NORM_FWD_STAGES", 2, 1, 3);
+  return stages;
+}
+
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+  constexpr auto kKernel = norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>;
+  const int threads = layout.threads * layout.rows;
+  // Fewer stages where a CTA's shared memory is smaller (99 KB on sm_89/120): one stage, the row
+  // copied and waited for in the same turn, always fits (64 KB at most).
+  const size_t stage_bytes = static_cast<size_t>(threads) * kChunks * sizeof(Raw8<T>);
+  const size_t fit = norm::max_dynamic_smem<kKernel>() / stage_bytes;
+  const int wanted = fwd_stages();
+  p.stages = fit >= static_cast<size_t>(wanted) ? wanted : std::max(1, static_cast<int>(fit));
+  const size_t smem = static_cast<size_t>(p.stages) * stage_bytes;
+  norm::allow_dynamic_smem<kKernel>(smem);
+  // One wave: as many CTAs as are resident at once, each looping over row groups.
+  const int64_t groups = ceil_div(p.rows, layout.rows);
+  int64_t ctas = norm::resident_ctas<kKernel>(threads, smem);
+  if (ctas > groups) ctas = groups;
+  kKernel<<<static_cast<unsigned>(ctas), dim3(layout.threads, layout.rows), smem, stream>>>(p);
+  check_launch("norm_fwd_rows_kernel");
+}
+
+template <int kOut, int kFmt>
+void launch_fwd(const FwdParams& p, int32_t in_dtype, cudaStream_t stream) {
+  dispatch_source(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const norm::RowLayout layout = fwd_layout<T>(p.cols);
+    norm::dispatch_chunks(layout.chunks, [&](auto chunks) {
+      constexpr int kChunks = decltype(chunks)::value;
+      if constexpr (kChunks == 0) {
+        const int64_t grid = ceil_div(p.rows, layout.rows);
+        if (grid > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "norm_fwd_reread_kernel: too many rows");
+        norm_fwd_reread_kernel<T, kOut, kFmt>
+            <<<static_cast<unsigned>(grid), dim3(layout.threads, layout.rows), 0, stream>>>(p);
+        check_launch("norm_fwd_reread_kernel");
+      } else if (p.rms) {
+        launch_rows<T, kOut, kFmt, kChunks, true>(p, layout, stream);
+      } else {
+        launch_rows<T, kOut, kFmt, kChunks, false>(p, layout, stream);
+      }
+    });
+  });
+}
+
+// One translation unit each (normalization_fwd_*.cu).
+extern template void launch_fwd<kOutHigh, 0>(const FwdParams&, int32_t, cudaStream_t);
+extern template void launch_fwd<kOutPerTensor, TE_DTYPE_FLOAT8_E4M3>(const FwdParams&, int32_t, cudaStream_t);
+extern template void launch_fwd<kOutPerTensor, TE_DTYPE_FLOAT8_E5M2>(const FwdParams&, int32_t, cudaStream_t);
+extern template void launch_fwd<kOutBlock1D, TE_DTYPE_FLOAT8_E4M3>(const FwdParams&, int32_t, cudaStream_t);
+extern template void launch_fwd<kOutBlock1D, TE_DTYPE_FLOAT8_E5M2>(const FwdParams&, int32_t, cudaStream_t);
+
+}  // namespace normfwd
+}  // namespace cuda
+}  // namespace te

@@ -1,0 +1,49 @@
+// Fp32Weights (norm_row.cuh): gamma / beta as the fp32 values the norm kernels use.
+#include "cuda/norm_row.cuh"
+
+namespace te {
+namespace cuda {
+namespace norm {
+namespace {
+
+__device__ __forceinline__ float load1(const void* p, int32_t dtype, int64_t i) {
+  if (dtype == TE_DTYPE_FLOAT32) return static_cast<const float*>(p)[i];
+  if (dtype == TE_DTYPE_FLOAT16) return __half2float(static_cast<const __half*>(p)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+__global__ void __launch_bounds__(256)
+    fp32_weights_kernel(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
+                        bool zero_centered, int64_t cols, float* gamma_out, float* beta_out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= cols) return;
+  const float g = load1(gamma, gamma_dtype, i);
+  gamma_out[i] = zero_centered ? __fadd_rn(1.0f, g) : g;
+  if (beta_out != nullptr) beta_out[i] = load1(beta, beta_dtype, i);
+}
+
+}  // namespace
+
+Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
+                         bool zero_centered, int64_t cols, cudaStream_t stream)
+    : scratch_(!zero_centered && usable(gamma, gamma_dtype) && (beta == nullptr || usable(beta, beta_dtype))
+                   ? 0
+                   : sizeof(float) * static_cast<size_t>(cols) * (beta != nullptr ? 2 : 1),
+               stream, "norm scratch"),
+      gamma_(static_cast<const float*>(gamma)),
+      beta_(static_cast<const float*>(beta)) {
+  if (scratch_.as<float>() == nullptr) return;
+  float* g = scratch_.as<float>();
+  float* b = beta != nullptr ? g + cols : nullptr;
+  const int64_t blocks = ceil_div(cols, 256);
+  if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "fp32_weights_kernel: H too large");
+  fp32_weights_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      gamma, gamma_dtype, beta, beta_dtype, zero_centered, cols, g, b);
+  check_launch("fp32_weights_kernel");
+  gamma_ = g;
+  beta_ = b;
+}
+
+}  // namespace norm
+}  // namespace cuda
+}  // namespace te
