@@ -22,19 +22,22 @@ __global__ void __launch_bounds__(256)
   if (beta_out != nullptr) beta_out[i] = load1(beta, beta_dtype, i);
 }
 
+// gamma's length in the scratch, rounded up to 4 floats so beta after it starts 16-byte aligned.
+int64_t padded(int64_t cols) { return (cols + 3) / 4 * 4; }
+
 }  // namespace
 
 Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
                          bool zero_centered, int64_t cols, cudaStream_t stream)
     : scratch_(!zero_centered && usable(gamma, gamma_dtype) && (beta == nullptr || usable(beta, beta_dtype))
                    ? 0
-                   : sizeof(float) * static_cast<size_t>(cols) * (beta != nullptr ? 2 : 1),
+                   : sizeof(float) * static_cast<size_t>(padded(cols)) * (beta != nullptr ? 2 : 1),
                stream, "norm scratch"),
       gamma_(static_cast<const float*>(gamma)),
       beta_(static_cast<const float*>(beta)) {
   if (scratch_.as<float>() == nullptr) return;
   float* g = scratch_.as<float>();
-  float* b = beta != nullptr ? g + cols : nullptr;
+  float* b = beta != nullptr ? g + padded(cols) : nullptr;  // 16-byte aligned, as the kernels load it
   const int64_t blocks = ceil_div(cols, 256);
   if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "fp32_weights_kernel: H too large");
   fp32_weights_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
