@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/scratch.cuh"
@@ -141,17 +140,6 @@ size_t max_dynamic_smem() {
   const size_t limit = optin_bytes > attr.sharedSizeBytes ? optin_bytes - attr.sharedSizeBytes : 0;
   if (cached) cache[device].store(limit, std::memory_order_relaxed);
   return limit;
-}
-
-// TEMPORARY measurement switch (benchmarks/NOTES.md, norm notes of 2026-11-30): an integer from the
-// environment, read once per name by the caller's static; `fallback` when unset or not in
-// [lo, hi]. Remove with the switch once the GPU run has picked a value.
-inline int env_choice(const char* name, int fallback, int lo, int hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return (*end == '\0' && n >= lo && n <= hi) ? static_cast<int>(n) : fallback;
 }
 
 // ---------------------------------------------------------------------------------------------
