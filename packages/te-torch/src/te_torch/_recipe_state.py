@@ -109,11 +109,13 @@ class UpdateRegistry:
             update(list(group.values()), key, recipes[key])
 
 
+_dist = torch.distributed if torch.distributed.is_available() else None
+
+
 def _reduce_amax(states: list[DelayedState], group) -> None:
     """All-reduce (max) the staging rows of ``states`` over ``group``, in one collective."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = _dist
+    if dist is None or not dist.is_initialized():
         return
     if dist.get_world_size(group) == 1:
         return
