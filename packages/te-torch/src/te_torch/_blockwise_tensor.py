@@ -22,7 +22,7 @@ from te_core import _C
 
 from te_torch import _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import QuantizedTensor, aten, is_eager, shallow_or_clone
+from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, is_eager
 
 _BLOCK_1D = int(_C.ScalingMode.BLOCK_1D)
 _BLOCK_2D = int(_C.ScalingMode.BLOCK_2D)
@@ -90,6 +90,16 @@ class Float8BlockwiseQTensor(QuantizedTensor):
             is_2D_scaled=self._is_2D_scaled,
             quantizer=self._quantizer,
         )
+
+    def _same_format(self, other) -> bool:
+        return (
+            isinstance(other, Float8BlockwiseQTensor)
+            and other._fp8_dtype == self._fp8_dtype
+            and other._is_2D_scaled == self._is_2D_scaled
+        )
+
+    def _tensors(self) -> tuple:
+        return self._parts()
 
     def _parts(self):
         return (
@@ -236,40 +246,4 @@ def _rebuild_blockwise_tensor(shape, dtype, fp8_dtype, rd, rs, cd, cs, is_2d, re
     )
 
 
-# -- natively implemented ops ---------------------------------------------------------------------
-
-
-def _detach(func, args, kwargs):
-    return args[0]._like(*args[0]._parts())
-
-
-def _clone(func, args, kwargs):
-    return args[0]._like(*(shallow_or_clone(torch.clone, p) for p in args[0]._parts()))
-
-
-def _copy_(func, args, kwargs):
-    dst, src = args[0], args[1]
-    if not isinstance(dst, Float8BlockwiseQTensor):
-        return NotImplemented
-    if (
-        isinstance(src, Float8BlockwiseQTensor)
-        and src.shape == dst.shape
-        and src._fp8_dtype == dst._fp8_dtype
-        and src._is_2D_scaled == dst._is_2D_scaled
-        and all(d is None or s is not None for d, s in zip(dst._parts(), src._parts(), strict=True))
-    ):  # same format: copy the bytes
-        for d, s in zip(dst._parts(), src._parts(), strict=True):
-            if d is not None:
-                d.copy_(s)
-        return dst
-    if isinstance(src, QuantizedTensor):
-        src = src.dequantize()
-    dst.quantize_(src)
-    return dst
-
-
-Float8BlockwiseQTensor._HANDLERS = {
-    aten.detach.default: _detach,
-    aten.clone.default: _clone,
-    aten.copy_.default: _copy_,
-}
+Float8BlockwiseQTensor._HANDLERS = INNER_HANDLERS

@@ -14,7 +14,7 @@ from te_core import _C
 
 from te_torch import _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import QuantizedTensor, aten, is_eager, shallow_or_clone
+from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
 
 _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
 
@@ -53,6 +53,12 @@ class Float8Tensor(QuantizedTensor):
         self._fp8_dtype = fp8_dtype
         self._quantizer = quantizer
         return self
+
+    def _tensors(self) -> tuple:
+        return self._data, self._transpose, self._scale_inv
+
+    def _same_format(self, other) -> bool:
+        return isinstance(other, Float8Tensor) and other._fp8_dtype == self._fp8_dtype
 
     def _like(self, data, transpose, scale_inv, requires_grad=False) -> Float8Tensor:
         return Float8Tensor(
@@ -187,43 +193,6 @@ def _transpose(data: torch.Tensor) -> torch.Tensor:
 # -- natively implemented ops ---------------------------------------------------------------------
 
 
-def _detach(func, args, kwargs):
-    t = args[0]
-    return t._like(t._data, t._transpose, t._scale_inv)
-
-
-def _clone(func, args, kwargs):
-    t = args[0]
-    return t._like(
-        shallow_or_clone(torch.clone, t._data),
-        shallow_or_clone(torch.clone, t._transpose),
-        t._scale_inv.clone(),
-    )
-
-
-def _copy_(func, args, kwargs):
-    dst, src = args[0], args[1]
-    if not isinstance(dst, Float8Tensor):
-        return NotImplemented  # plain destination: the fallback dequantizes src
-    if (
-        isinstance(src, Float8Tensor)
-        and src.shape == dst.shape
-        and src._fp8_dtype == dst._fp8_dtype
-        and (dst._data is None or src._data is not None)
-        and (dst._transpose is None or src._transpose is not None)
-    ):  # same format: copy the bytes
-        if dst._data is not None:
-            dst._data.copy_(src._data)
-        if dst._transpose is not None:
-            dst._transpose.copy_(src._transpose)
-        dst._scale_inv.copy_(src._scale_inv)
-        return dst
-    if isinstance(src, QuantizedTensor):
-        src = src.dequantize()
-    dst.quantize_(src)
-    return dst
-
-
 def _view(func, args, kwargs):
     # A view that keeps the last dim keeps the [K, M] column-wise layout: alias both copies.
     t, size = args[0], args[1]
@@ -245,9 +214,7 @@ def _view(func, args, kwargs):
 
 
 Float8Tensor._HANDLERS = {
-    aten.detach.default: _detach,
-    aten.clone.default: _clone,
-    aten.copy_.default: _copy_,
+    **INNER_HANDLERS,
     aten.view.default: _view,
     aten._unsafe_view.default: _view,
 }

@@ -34,7 +34,7 @@ from te_core import _C
 
 from te_torch import _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import QuantizedTensor, aten, is_eager, shallow_or_clone
+from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, is_eager
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
 _NVFP4 = int(_C.ScalingMode.NVFP4_1D)
@@ -76,6 +76,9 @@ class _MXTensor(QuantizedTensor):
 
     def _parts(self) -> tuple:
         return self._rowwise_data, self._rowwise_scale_inv, self._columnwise_data, self._columnwise_scale_inv
+
+    def _tensors(self) -> tuple:
+        return self._parts()
 
     def _operand(self) -> tuple:
         """te_gemm's operand tuple (_kernels.Operand) of both copies present."""
@@ -273,6 +276,9 @@ class NVFP4Tensor(_MXTensor):
         """fp32 [1]: the column-wise copy's (after the Hadamard transform, if it has it)."""
         return self._amax[1:2]
 
+    def _tensors(self) -> tuple:
+        return (*self._parts(), self._amax)
+
     def _operand(self) -> tuple:
         return (self._mode, *self._parts(), self._amax, self._columnwise_rht)
 
@@ -369,44 +375,4 @@ def _rebuild_nvfp4_tensor(shape, dtype, rd, rs, cd, cs, amax, rht, tiles, requir
     )
 
 
-# -- natively implemented ops ---------------------------------------------------------------------
-
-
-def _detach(func, args, kwargs):
-    return args[0]._like(*args[0]._parts())
-
-
-def _clone(func, args, kwargs):
-    t = args[0]
-    parts = [shallow_or_clone(torch.clone, p) for p in t._parts()]
-    if isinstance(t, NVFP4Tensor):
-        return t._like(*parts, amax=t._amax.clone())
-    return t._like(*parts)
-
-
-def _copy_(func, args, kwargs):
-    dst, src = args[0], args[1]
-    if not isinstance(dst, _MXTensor):
-        return NotImplemented  # plain destination: the fallback dequantizes src
-    if (
-        dst._same_format(src)
-        and src.shape == dst.shape
-        and all(d is None or s is not None for d, s in zip(dst._parts(), src._parts(), strict=True))
-    ):  # same format: copy the bytes
-        for d, s in zip(dst._parts(), src._parts(), strict=True):
-            if d is not None:
-                d.copy_(s)
-        if isinstance(dst, NVFP4Tensor):
-            dst._amax.copy_(src._amax)
-        return dst
-    if isinstance(src, QuantizedTensor):
-        src = src.dequantize()
-    dst.quantize_(src)
-    return dst
-
-
-_MXTensor._HANDLERS = {
-    aten.detach.default: _detach,
-    aten.clone.default: _clone,
-    aten.copy_.default: _copy_,
-}
+_MXTensor._HANDLERS = INNER_HANDLERS

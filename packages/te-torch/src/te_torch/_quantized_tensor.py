@@ -117,3 +117,40 @@ def dequantize_fallback(func, args, kwargs):
 def shallow_or_clone(func, t: torch.Tensor | None) -> torch.Tensor | None:
     """Applies a unary aten op (detach / clone) to an optional inner tensor."""
     return None if t is None else func(t)
+
+
+# -- aten ops every quantized tensor runs on its inner tensors -------------------------------------
+# A subclass provides _tensors() (its inner tensors, None where absent, in the order _like takes
+# them), _like(*tensors) (the same format over other inner tensors) and _same_format(other).
+
+
+def _detach(func, args, kwargs):
+    t = args[0]
+    return t._like(*t._tensors())
+
+
+def _clone(func, args, kwargs):
+    t = args[0]
+    return t._like(*(shallow_or_clone(torch.clone, p) for p in t._tensors()))
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, QuantizedTensor):
+        return NotImplemented  # plain destination: the fallback dequantizes src
+    if (
+        dst._same_format(src)
+        and src.shape == dst.shape
+        and all(d is None or s is not None for d, s in zip(dst._tensors(), src._tensors(), strict=True))
+    ):  # same format: copy the bytes
+        for d, s in zip(dst._tensors(), src._tensors(), strict=True):
+            if d is not None:
+                d.copy_(s)
+        return dst
+    if isinstance(src, QuantizedTensor):
+        src = src.dequantize()
+    dst.quantize_(src)
+    return dst
+
+
+INNER_HANDLERS = {aten.detach.default: _detach, aten.clone.default: _clone, aten.copy_.default: _copy_}
