@@ -24,8 +24,6 @@ import torch
 from te_core.recipe import Format
 
 from te_torch import _autocast
-from te_torch._dtypes import TE_DTYPE
-from te_torch._kernels import packed
 from te_torch._model_init import check_stored_weight
 from te_torch._mx_quantizers import MXFP8Quantizer, NVFP4Quantizer
 from te_torch._quantized_tensor import QuantizedTensor
@@ -163,7 +161,6 @@ class FP8Context:
         "bwd_key",
         "weight_cache",
         "weight_operand_cache",
-        "weight_packed_cache",
         "packed_ok",
         "device",
         "owner",
@@ -182,7 +179,7 @@ class FP8Context:
         self.recipe, self.device, self.fwd, self.bwd = recipe, device, fwd, bwd
         self.owner = owner
         self.delayed = recipe.delayed()
-        self.weight_cache = self.weight_operand_cache = self.weight_packed_cache = None
+        self.weight_cache = self.weight_operand_cache = None
         self.fwd_key = self.bwd_key = None
         self.block = 0
         _reject_unimplemented(recipe, owner)
@@ -298,24 +295,6 @@ class FP8Context:
         if first or self.weight_operand_cache is None:
             self.weight_operand_cache = self.w_q[3]._operand(weight)
         return self.weight_operand_cache
-
-    def packed_weight(self, weight: torch.Tensor, first: bool) -> tuple:
-        """te.Linear's eager step (_linear_step) with ``is_first_microbatch`` set: (forward
-        operand, backward operand, buffer). First (or no cache yet): quantize ``weight`` with
-        both copies into a new packed buffer, as part of this call's forward; else the cached
-        copies. A new buffer each time, so a backward still pending reads the copies its
-        forward used."""
-        cache = self.weight_packed_cache
-        if first or cache is None:
-            wq = self.w_q[3]._flat()
-            wr, wc = packed(wq[0], wq[1], weight.shape)
-            buf = torch.empty(wr + wc, dtype=torch.uint8, device=weight.device)
-            bp, dev = buf.data_ptr(), weight.get_device()
-            src = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
-            bwd = (1, wq[0], wq[1], weight.shape, dev, 0, bp + wr)
-            self.weight_packed_cache = cache = ((1, wq[0], wq[1], weight.shape, dev, bp, bp + wr), bwd, buf)
-            return (0, src, wq, bp, bp + wr), bwd, buf
-        return cache
 
     def register_forward(self) -> None:
         if self.delayed:

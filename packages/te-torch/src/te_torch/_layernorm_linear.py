@@ -202,9 +202,7 @@ class LayerNormLinear(SingleGemmModule):
         if not s.fp8:  # TE ignores fp8_output / fp8_grad outside autocast
             return self.forward(inp, first)
         weight, bias = linear_params(self)
-        c = self._gemm.ctx
-        if c is None or c.recipe is not s.recipe or c.device != weight.device:
-            c = self._gemm.context(s.recipe, s.group, weight.device)
+        c = self._gemm.context(s.recipe, s.group, weight.device)
         c.register_forward()
         out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
         cfg = (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, out_q, gi_q)

@@ -21,7 +21,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
-from te_torch._kernels import _raw_stream, gemm_config, packed
+from te_torch._kernels import _raw_stream, gemm_config, packed, spec
 from te_torch._quantized_tensor import QuantizedTensor
 
 _U8 = torch.uint8
@@ -31,13 +31,9 @@ _linear_bwd = _C.linear_bwd
 _DEFAULT, _BIAS = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BIAS)
 
 
-def _spec(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, t.get_device())
-
-
 def _stored_operand(op: tuple) -> tuple:
     """A stored quantized weight's (mode, rd, rs, cd, cs) as a kind-2 operand."""
-    return (2, op[0], _spec(op[1]), _spec(op[2]), _spec(op[3]), _spec(op[4]))
+    return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
 
 
 def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -62,17 +58,14 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     if not need_dw:
         xc = 0
     keep = None  # what must outlive the forward besides `saved` (a cached or stored weight)
-    if isinstance(weight, QuantizedTensor):
-        w_fwd = w_bwd = _stored_operand(c.weight_operand(weight, first, need_dx))
-        keep = weight
-        wr = wc = 0
-    elif first is None:
+    if first is None and not isinstance(weight, QuantizedTensor):
         wq = c.w_q[3]._flat()
         wr, wc = packed(wq[0], wq[1], weight.shape)
         if not need_dx:
             wc = 0
-    else:
-        w_fwd, w_bwd, keep = c.packed_weight(weight, first)
+    else:  # stored quantized, or is_first_microbatch's cached copy: its parts as they are
+        keep = c.weight_operand(weight, first, need_dx)  # alive until backward, even if re-cached
+        w_fwd = w_bwd = _stored_operand(keep)
         wr = wc = 0
     tmp = _empty(xr + wr, dtype=_U8, device=device)
     tp = tmp.data_ptr()
@@ -94,7 +87,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     out = _empty(out_shape, dtype=inp.dtype, device=device)
     config = gemm_config(False, True, False, _DEFAULT if bias is None else _BIAS, False, _split(c.split[0]))
     _linear_fwd(
-        x_fwd, w_fwd, _spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev), config,
+        x_fwd, w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev), config,
         _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     ctx.packed = True
@@ -169,7 +162,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
             dw_spec = (dw.data_ptr(), TE_DTYPE[dw.dtype], ctx.w_shape, dev)
             wgrad = gemm_config(True, False, False, _DEFAULT, False, split)
     _linear_bwd(
-        g, _spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
+        g, spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
         _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     if need_dw and ctx.fuse and hasattr(ctx.weight, "grad_added_to_main_grad"):
