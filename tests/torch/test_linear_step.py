@@ -177,6 +177,11 @@ def test_packed_bytes(mode, shape):
 
 
 def test_entry_point_errors():
+    fp8 = TE_DTYPE[torch.float8_e4m3fn]
+    with pytest.raises(ValueError, match="scaling_mode: expected a te_scaling_mode value"):
+        _C.packed_bytes(99, fp8, (4, 4))
+    with pytest.raises(TypeError, match="shape: expected a tuple of ints"):
+        _C.packed_bytes(0, fp8, "x")
     x = torch.randn(4, 16)
     out = torch.empty(4, 8)
     cfg = _C.GemmConfig(False, True, 1.0, 0.0, 0)
