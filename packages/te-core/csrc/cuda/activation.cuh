@@ -8,9 +8,9 @@
 // evaluates them (the flat pass, the tile kernel) gets the same bits: a quantized output is exactly
 // te_quantize of this backend's own fp32 result.
 //
-// Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid) and output
-// mode; whether the kind is gated and the dtypes of grad and input are run-time values (uniform
-// branches once per 8 elements), which keeps the instantiation count and the build time down.
+// Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid), gating
+// and output mode; the dtypes of grad and input are run-time values (uniform branches once per 8
+// elements), which keeps the instantiation count and the build time down.
 // The loaders (activation_*.cu) plug the math into cuda/fused_output.cuh, which picks the passes.
 // They rely on: zero inputs give a +-0 result for every kind (act(0) = 0 for the plain kinds, a
 // zero gate or a zero grad elsewhere, and act/dact are finite at 0), so the zero-filled tail of a
@@ -82,21 +82,23 @@ __device__ __forceinline__ float dact(float x) {
   }
 }
 
-// Calls f(IntC<base>{}, gated) for a te_activation (the API validated it).
+// Calls f(IntC<base>{}, IntC<gated>{}) for a te_activation (the API validated it). Gated is a
+// compile-time value: a plain kind's loaders then hold no gate registers and its backward
+// computes only act'(x), which is what lets its kernels run more CTAs per SM.
 template <typename F>
 inline void with_base(int32_t activation, F&& f) {
   switch (activation) {
-    case TE_ACTIVATION_GELU: f(IntC<kGelu>{}, false); break;
-    case TE_ACTIVATION_RELU: f(IntC<kRelu>{}, false); break;
-    case TE_ACTIVATION_SILU: f(IntC<kSilu>{}, false); break;
-    case TE_ACTIVATION_QGELU: f(IntC<kQgelu>{}, false); break;
-    case TE_ACTIVATION_SRELU: f(IntC<kSrelu>{}, false); break;
-    case TE_ACTIVATION_GEGLU: f(IntC<kGelu>{}, true); break;
-    case TE_ACTIVATION_REGLU: f(IntC<kRelu>{}, true); break;
-    case TE_ACTIVATION_SWIGLU: f(IntC<kSilu>{}, true); break;
-    case TE_ACTIVATION_QGEGLU: f(IntC<kQgelu>{}, true); break;
-    case TE_ACTIVATION_SREGLU: f(IntC<kSrelu>{}, true); break;
-    case TE_ACTIVATION_GLU: f(IntC<kSigmoid>{}, true); break;
+    case TE_ACTIVATION_GELU: f(IntC<kGelu>{}, IntC<0>{}); break;
+    case TE_ACTIVATION_RELU: f(IntC<kRelu>{}, IntC<0>{}); break;
+    case TE_ACTIVATION_SILU: f(IntC<kSilu>{}, IntC<0>{}); break;
+    case TE_ACTIVATION_QGELU: f(IntC<kQgelu>{}, IntC<0>{}); break;
+    case TE_ACTIVATION_SRELU: f(IntC<kSrelu>{}, IntC<0>{}); break;
+    case TE_ACTIVATION_GEGLU: f(IntC<kGelu>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_REGLU: f(IntC<kRelu>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_SWIGLU: f(IntC<kSilu>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_QGEGLU: f(IntC<kQgelu>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_SREGLU: f(IntC<kSrelu>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_GLU: f(IntC<kSigmoid>{}, IntC<1>{}); break;
     default: fail(TE_ERROR_INTERNAL, "CUDA activation: unexpected kind ", activation);
   }
 }

@@ -13,26 +13,30 @@ namespace {
 // (in_cols = 2n): columns c < n are (grad * act'(a)) * b, columns n + j are grad * act(a), with
 // a = in[r, j], b = in[r, n + j] and grad[r, j]. A unit of 8 columns lies in one half when n is a
 // multiple of 8 (the vector path requires it); otherwise elements are gathered one by one.
-template <int kBase>
+template <int kBase, bool kGated>
 struct BwdLoader {
   using Value = float;
-  struct Raw {
+  struct RawPlain {
+    fused::Src8 g, a;
+  };
+  struct RawGated {
     fused::Src8 g, a, b;
   };
+  using Raw = std::conditional_t<kGated, RawGated, RawPlain>;
   static constexpr int kBatchRows = 1;
   static constexpr int kMinBlocks = 2;
+  static constexpr int kStreamMinBlocks = kGated ? 2 : 3;
   static constexpr bool kFormatTemplate = false;
 
   const void* grad;
   const void* in;
   int32_t grad_dtype, in_dtype;
   int64_t n, in_cols;
-  bool gated;
   bool vec;  // pointers aligned, row pitches multiples of 16 bytes, gated: n % 8 == 0
 
   __device__ __forceinline__ void load(Raw& raw, int64_t r, int64_t c) const {
     const int64_t left = in_cols - c;
-    if (!gated) {
+    if constexpr (!kGated) {
       if (vec && left >= 8) {
         raw.g.load_vec(grad, r * n + c, grad_dtype);
         raw.a.load_vec(in, r * in_cols + c, in_dtype);
@@ -41,7 +45,6 @@ struct BwdLoader {
         raw.g.load_scalar(grad, r * n + c, grad_dtype, valid);
         raw.a.load_scalar(in, r * in_cols + c, in_dtype, valid);
       }
-      raw.b.zero();
     } else if (vec) {
       const bool first = c < n;
       const int64_t j = first ? c : c - n;
@@ -70,16 +73,22 @@ struct BwdLoader {
   }
 
   __device__ __forceinline__ void finish(const Raw& raw, int64_t c, Raw8<float>& dx) const {
-    float g[8], a[8], b[8];
+    float g[8], a[8];
     raw.g.decode(grad_dtype, g);
     raw.a.decode(in_dtype, a);
-    raw.b.decode(in_dtype, b);
+    if constexpr (!kGated) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const bool first = !gated || c + k < n;
-      float v = __fmul_rn(g[k], first ? dact<kBase>(a[k]) : act<kBase>(a[k]));
-      if (gated && first) v = __fmul_rn(v, b[k]);
-      dx.w[k] = __float_as_uint(v);
+      for (int k = 0; k < 8; ++k) dx.w[k] = __float_as_uint(__fmul_rn(g[k], dact<kBase>(a[k])));
+    } else {
+      float b[8];
+      raw.b.decode(in_dtype, b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const bool first = c + k < n;
+        float v = __fmul_rn(g[k], first ? dact<kBase>(a[k]) : act<kBase>(a[k]));
+        if (first) v = __fmul_rn(v, b[k]);
+        dx.w[k] = __float_as_uint(v);
+      }
     }
   }
 };
@@ -88,15 +97,15 @@ struct BwdLoader {
 }  // namespace activation
 
 void activation_bwd(const ActivationBwdArgs& a, void* stream) {
-  activation::with_base(a.activation, [&](auto base, bool gated) {
-    activation::BwdLoader<decltype(base)::value> ld{};
+  activation::with_base(a.activation, [&](auto base, auto gated_c) {
+    constexpr bool gated = decltype(gated_c)::value != 0;
+    activation::BwdLoader<decltype(base)::value, gated> ld{};
     ld.grad = a.grad;
     ld.in = a.input;
     ld.grad_dtype = a.grad_dtype;
     ld.in_dtype = a.in_dtype;
     ld.n = a.cols;
     ld.in_cols = a.in_cols;
-    ld.gated = gated;
     ld.vec = activation::vec_rows(a.grad, a.cols, fused::source_bytes(a.grad_dtype)) &&
              activation::vec_rows(a.input, a.in_cols, fused::source_bytes(a.in_dtype)) &&
              (!gated || a.cols % 8 == 0);

@@ -15,9 +15,9 @@ void launch_input(int mode, const Params& p, const void* input, int32_t in_dtype
     ld.cols = p.cols;
     ld.vec = aligned(input, 16) && (p.cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
     switch (mode) {
-      case kPerTensor: launch_loader<kPerTensor>(p, ld, out_dtype, stream); break;
-      case kBlock1D: launch_loader<kBlock1D>(p, ld, out_dtype, stream); break;
-      case kBlock2D: launch_loader<kBlock2D>(p, ld, out_dtype, stream); break;
+      case kPerTensor: launch_loader<kPerTensor, true>(p, ld, out_dtype, stream); break;
+      case kBlock1D: launch_loader<kBlock1D, true>(p, ld, out_dtype, stream); break;
+      case kBlock2D: launch_loader<kBlock2D, true>(p, ld, out_dtype, stream); break;
       default: fail(TE_ERROR_INTERNAL, "tile::launch_input: unexpected mode ", mode);
     }
   });

@@ -34,6 +34,8 @@
 //   kBatchRows           how many of the thread's 4 rows it loads before finishing them (the
 //                        register budget: every load of a batch is in flight at once)
 //   kMinBlocks           the resident CTAs per SM to hold registers for
+//   kStreamMinBlocks     (computed sources) the same for the kernels that hold no whole tile of
+//                        values: the per-tensor cast_tile_stream_kernel and fused_output's flat pass
 //   kFormatTemplate      whether to compile one kernel per FP8 format (the plain input: tuned
 //                        conversions) or one reading the format at run time (computed sources,
 //                        whose kernels are many and whose math dwarfs the conversion)
@@ -471,6 +473,97 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
   }
 }
 
+// Per-tensor FP8 from a computed source (an activation or its gradient) whose scale is known
+// before the tile is read (delayed scaling, or current scaling after its amax pass): each row's
+// values are quantized as soon as they are computed, so a thread holds the tile's bytes (16
+// registers), not its 64 fp32 values, and L::kStreamMinBlocks CTAs fit per SM instead of
+// L::kMinBlocks. Loads, math and stores of the resident CTAs then overlap; the computed sources
+// spend ~40-60 instructions per element, and at two CTAs per SM half the issue slots stood idle.
+// Same bits as cast_tile_kernel<L, 0, kPerTensor>: the same values, scale, conversion, amax and
+// column sums in the same order (a thread's 4 rows first to last, then the shuffles and warps).
+// kDbias: p.dbias_partial is set (compiled apart: the 16 column sums cost registers).
+template <typename L, bool kDbias>
+__global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
+    cast_tile_stream_kernel(const Params p, const L ld) {
+  __shared__ Smem sm;
+  const float fmt_max = fp8_max(p.out_dtype);
+  const int tid = threadIdx.x, g = tid & 7, tr = tid >> 3, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t ti = t / p.tiles_c, tj = t % p.tiles_c;
+  const int64_t r0 = ti * kTile, c0 = tj * kTile;
+  const int64_t rows = p.rows, cols = p.cols;
+  const float s = p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps) : *p.scale;
+
+  uint2 q[4][2];
+  float colsum[2][8];
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * tr + i;
+    typename L::Raw raw[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = c0 + 64 * h + 8 * g;
+      if (r < rows && c < cols) ld.load(raw[h], r, c);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = c0 + 64 * h + 8 * g;
+      const bool valid = r < rows && c < cols;
+      Raw8<float> x;
+      if (valid) {
+        ld.finish(raw[h], c, x);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x.w[k] = 0;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x.get(k)));
+      if constexpr (kDbias) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) colsum[h][k] = i == 0 ? x.get(k) : __fadd_rn(colsum[h][k], x.get(k));
+      }
+      q[i][h] = quantize8_as<0>(x, s, p.out_dtype);
+      if (p.rowwise != nullptr && valid) store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
+    }
+  }
+
+  if constexpr (kDbias) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float v = colsum[h][k];
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 16));
+        if (lane < 8) sm.colmax[warp][64 * h + 8 * g + k] = __float_as_uint(v);
+      }
+    }
+    __syncthreads();
+    if (tid < kTile && c0 + tid < cols) {
+      float v = __uint_as_float(sm.colmax[0][tid]);
+#pragma unroll
+      for (int w = 1; w < kThreads / 32; ++w) v = __fadd_rn(v, __uint_as_float(sm.colmax[w][tid]));
+      p.dbias_partial[ti * cols + c0 + tid] = v;
+    }
+  }
+  if (p.amax_out != nullptr) {
+    m = block_max<kThreads>(m, sm.scratch);
+    if (tid == 0) atomic_max_amax(p.amax_out, m);  // fp32 values: no canonical NaN to apply
+  }
+  if (blockIdx.x == 0 && tid == 0) {
+    const float s_inv = 1.0f / s;
+    if (p.current && p.scale_out != nullptr) *p.scale_out = s;
+    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
+    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
+  }
+  if (p.columnwise != nullptr) {
+    stash_transposed(sm, q, g, tr);
+    __syncthreads();
+    store_transposed(sm, p.columnwise, rows, cols, r0, c0, p.vec_col);
+  }
+}
+
 // Fills the tiling and output-alignment fields of `p` and launches one CTA per 128x128 tile of
 // loader `ld`. out_dtype: the FP8 dtype, or for kHighPrecision fp32/fp16/bf16.
 // Fills the tiling and FP8-output alignment fields of `p`; returns the number of tiles (CTAs).
@@ -483,7 +576,8 @@ inline unsigned prepare_fp8(Params& p) {
   return static_cast<unsigned>(tiles);
 }
 
-template <int kMode, typename L>
+// kMayHaveDbias false: the op has no bias gradient (its per-tensor kernel is compiled without).
+template <int kMode, bool kMayHaveDbias, typename L>
 void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return;
   if constexpr (kMode == kHighPrecision) {
@@ -498,6 +592,15 @@ void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream
     dispatch_fp8(out_dtype, [&](auto fmt) {
       if constexpr (L::kFormatTemplate) {
         cast_tile_kernel<L, decltype(fmt)::value, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
+      } else if constexpr (kMode == kPerTensor) {
+        p.out_dtype = out_dtype;
+        if (p.dbias_partial == nullptr) {
+          cast_tile_stream_kernel<L, false><<<grid, kThreads, 0, stream>>>(p, ld);
+        } else if constexpr (kMayHaveDbias) {
+          cast_tile_stream_kernel<L, true><<<grid, kThreads, 0, stream>>>(p, ld);
+        } else {
+          fail(TE_ERROR_INTERNAL, "launch_loader: a bias gradient from an op without one");
+        }
       } else {
         p.out_dtype = out_dtype;
         cast_tile_kernel<L, 0, kMode><<<grid, kThreads, 0, stream>>>(p, ld);

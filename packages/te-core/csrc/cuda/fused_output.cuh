@@ -141,10 +141,11 @@ struct FlatParams {
   float eps;
 };
 
-// At most 128 registers: two resident CTAs (16 warps) per SM, each thread with 4 units' loads in
-// flight, is plenty for an elementwise pass; uncapped, the backward kernels take 150+ and get one.
+// L::kStreamMinBlocks CTAs per SM (3-4): the computed sources spend 40-60 instructions per
+// element, and at two CTAs per SM (the old 128-register cap) ncu showed half the issue slots idle
+// waiting on loads; uncapped, the backward kernels take 150+ registers and get one.
 template <typename L>
-__global__ void __launch_bounds__(kFlatThreads, 2) flat_kernel(const FlatParams p, const L ld) {
+__global__ void __launch_bounds__(kFlatThreads, L::kStreamMinBlocks) flat_kernel(const FlatParams p, const L ld) {
   static_assert(std::is_same_v<typename L::Value, float>, "flat_kernel: computed fp32 sources");
   __shared__ uint32_t scratch[kFlatThreads / 32];
   const int tid = threadIdx.x;
@@ -399,11 +400,11 @@ void write(const FusedOutput& out, const L& ld, int64_t rows, int64_t cols, Dbia
   p.dbias_partial = partials.as<float>();
   if constexpr (kComputed) {
     if (mode == tile::kPerTensor) {
-      tile::launch_loader<tile::kPerTensor>(p, ld, out_dtype, stream);
+      tile::launch_loader<tile::kPerTensor, kMayHaveDbias>(p, ld, out_dtype, stream);
     } else if (mode == tile::kBlock1D) {
-      tile::launch_loader<tile::kBlock1D>(p, ld, out_dtype, stream);
+      tile::launch_loader<tile::kBlock1D, kMayHaveDbias>(p, ld, out_dtype, stream);
     } else if constexpr (kMayHaveDbias) {
-      tile::launch_loader<tile::kHighPrecision>(p, ld, out_dtype, stream);
+      tile::launch_loader<tile::kHighPrecision, kMayHaveDbias>(p, ld, out_dtype, stream);
     }
   } else {
     // The plain-input kernels are compiled once, in cast_tile.cu.
