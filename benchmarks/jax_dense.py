@@ -4,8 +4,11 @@ BF16 against plain Flax BF16 (nn.LayerNorm + nn.Dense + gelu + nn.Dense), in one
 Problem (TE's JAX figure in shared/GPU.md): hidden 4096, ffn 16384, 16384 tokens (8 x 2048),
 gelu (tanh), no biases, BF16 parameters and activations. One step is the jitted forward and
 backward of the layer with a fixed output gradient: gradients of every parameter and of the
-input (plus the next fp8_metas state under DelayedScaling). Timing: --warmup steps, then the
-median of --iters steps, each timed on the host with block_until_ready. TFLOP/s count the six
+input (plus the next fp8_metas state under DelayedScaling). Timing: each step on the host with
+block_until_ready, rows in --rounds interleaved rounds (benchmarks/_rounds.py: the GPU's clocks
+drift with its heat, so a row's ratio is the median of its per-round ratios to plain Flax's row
+of the same round), each round --warmup steps and then the median of --iters; ms is the median
+over rounds. TFLOP/s count the six
 GEMMs (12 * tokens * hidden * ffn). Before timing, each variant's output is checked against
 plain Flax BF16 (normwise relative error; FP8 within 0.1, BF16 within 0.02), so a broken
 variant cannot post a time. Target: the best FP8 variant >= 1.8x plain Flax BF16.
@@ -24,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _rounds import interleaved, ratio
 
 TARGET = 1.8
 BF16 = jnp.bfloat16
@@ -74,15 +78,11 @@ def _step(model, recipe, x, dy, params):
     return step, (params, metas, x)
 
 
-def _time(step, args, warmup: int, iters: int) -> list[float]:
-    for _ in range(warmup):
-        jax.block_until_ready(step(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+def _host_ms(fn) -> float:
+    """One call of fn, waited for, on the host clock (jit: one executable per step)."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _rel(a, b) -> float:
@@ -95,8 +95,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--ffn", type=int, default=16384)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     try:
@@ -133,14 +134,13 @@ def main() -> int:
         problem = f"LayerNormMLP {args.hidden}/{args.ffn}, {args.tokens} tokens"
         print(f"{gpu.device_kind}, jax {jax.__version__}; {problem}")
         print(f"{'variant':16s} {'ms':>9s} {'TFLOP/s':>8s} {'vs flax':>8s} {'rel err':>8s}")
-        results, y_flax = [], None
+        results, y_flax, steps = [], None, {}
         for name, model, r in variants:
             entry = {"variant": name}
+            results.append(entry)
             try:
                 step, step_args = _step(model, r, x, dy, flax_params if name == "flax_bf16" else te_params)
                 if r is not None and r.delayed():
-                    # DelayedScaling starts from scale 1 with an empty history; a few steps give it
-                    # the scales training would run with (the state's "gradient" is its next value).
                     for _ in range(3):
                         _, (_, metas, _) = step(*step_args)
                         step_args = (step_args[0], metas, step_args[2])
@@ -152,20 +152,23 @@ def main() -> int:
                 entry["rel_err_vs_flax"] = err
                 if not err <= limit:
                     raise RuntimeError(f"output differs from plain Flax BF16: rel err {err:.3g} > {limit}")
-                times = _time(step, step_args, args.warmup, args.iters)
-                ms = statistics.median(times)
-                entry.update(ms=ms, ms_min=min(times), tflops=flops / ms / 1e9)
-                del step, step_args
+                steps[name] = lambda step=step, step_args=step_args: step(*step_args)
             except Exception as e:  # noqa: BLE001 (report every variant; one failure does not hide the rest)
                 entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                print(f"{name:16s} FAILED: {entry['error']}", flush=True)
-            results.append(entry)
-            if "ms" in entry:
-                base = results[0].get("ms")
-                entry["speedup_vs_flax_bf16"] = base / entry["ms"] if base else None
-                ratio = f"{entry['speedup_vs_flax_bf16']:7.2f}x" if base else "      -"
-                err = entry["rel_err_vs_flax"]
-                print(f"{name:16s} {entry['ms']:9.3f} {entry['tflops']:8.1f} {ratio} {err:8.2e}", flush=True)
+        per, failed = interleaved(steps, _host_ms, args.rounds, args.iters, args.warmup)
+        for entry in results:
+            name = entry["variant"]
+            if name in failed:
+                entry["error"] = f"{type(failed[name]).__name__}: {str(failed[name])[:300]}"
+            if "error" in entry or not per.get(name):
+                print(f"{name:16s} FAILED: {entry.get('error', 'no round completed')}", flush=True)
+                continue
+            ms = statistics.median(per[name])
+            entry.update(ms=ms, ms_rounds=per[name], tflops=flops / ms / 1e9)
+            entry["speedup_vs_flax_bf16"] = ratio(per, "flax_bf16", name)
+            shown = f"{entry['speedup_vs_flax_bf16']:7.2f}x" if entry["speedup_vs_flax_bf16"] else "      -"
+            err = entry["rel_err_vs_flax"]
+            print(f"{name:16s} {ms:9.3f} {entry['tflops']:8.1f} {shown} {err:8.2e}", flush=True)
     fp8 = [
         e["speedup_vs_flax_bf16"]
         for e in results
@@ -189,6 +192,8 @@ def main() -> int:
                         "activation": "gelu",
                     },
                     "iters": args.iters,
+                    "warmup": args.warmup,
+                    "rounds": args.rounds,
                     "target_speedup": TARGET,
                     "best_fp8_speedup": best,
                     "results": results,

@@ -9,10 +9,12 @@ gelu (tanh) and swiglu (FC1 twice as wide). For each activation:
   te_current    under Float8CurrentScaling
   te_block      under Float8BlockScaling (1x128 inputs and grads, 128x128 weights)
 A step is forward, backward(dy), gradients dropped (set_to_none); timed with CUDA events around
-the Python calls, so host overhead counts (as GPU.md's TE figures), median of --iters after
---warmup steps. TFLOP/s counts the three GEMMs of each layer forward and backward (6 * tokens *
-params of FC1 and FC2). A variant that fails reports its error and the run goes on.
---json PATH writes every figure.
+the Python calls, so host overhead counts (as GPU.md's TE figures). Rows are timed in --rounds
+interleaved rounds (benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's
+ratio is the median of per-round ratios to torch's row of the same round); each round runs
+--warmup steps, then takes the median of --iters. ms is the median over rounds. TFLOP/s counts
+the three GEMMs of each layer forward and backward (6 * tokens * params of FC1 and FC2). A
+variant that fails reports its error and the run goes on. --json PATH writes every figure.
 
     PYTHONPATH=packages/te-core/src:packages/te-torch/src python3 benchmarks/mlp.py --json out.json
 """
@@ -29,6 +31,7 @@ import te_core._C as C
 import te_torch as te
 import torch
 import torch.nn.functional as F
+from _rounds import interleaved, ratio
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,
@@ -37,19 +40,14 @@ RECIPES = {
 }
 
 
-def time_ms(fn, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def event_ms(fn) -> float:
+    """One call of fn, CUDA events around it, waited for."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
 
 
 class TorchMLP(torch.nn.Module):
@@ -102,8 +100,9 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--ffn", type=int, default=16384)
     ap.add_argument("--activations", default="gelu,swiglu")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -135,29 +134,32 @@ def main() -> int:
             variants.append(("torch_compile", lambda act=act: (torch.compile(TorchMLP(h, f, act)), None)))
         variants.append(("te_bf16", lambda mk=te_mlp: (mk(), None)))
         variants += [(name, lambda mk=te_mlp, rcp=rcp: (mk(), rcp())) for name, rcp in RECIPES.items()]
-        ref_ms = None
+        steps, modules, rows = {}, [], {}
         for name, build in variants:
-            row = {"activation": act, "variant": name, "tokens": t, "hidden": h, "ffn": f}
+            rows[name] = {"activation": act, "variant": name, "tokens": t, "hidden": h, "ffn": f}
             try:
                 module, rcp = build()
-                ms = time_ms(make_step(module, x, dy, rcp), args.iters, args.warmup)
             except Exception as e:  # noqa: BLE001 - report and go on to the next variant
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                results.append(row)
-                print(f"{act:10s} {name:14s} failed: {row['error']}", flush=True)
+                rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
-            finally:
-                module = None
-                torch.cuda.empty_cache()
-            if name == "torch":
-                ref_ms = ms
-            row.update(ms=ms, tflops=flops / ms / 1e9)
-            if ref_ms is not None:
-                row["speedup_vs_torch"] = ref_ms / ms
+            modules.append(module)
+            steps[name] = make_step(module, x, dy, rcp)
+        per, failed = interleaved(steps, event_ms, args.rounds, args.iters, args.warmup)
+        for name, e in failed.items():
+            rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        for name, row in rows.items():
             results.append(row)
-            ratio = f"{ref_ms / ms:7.2f}x" if ref_ms is not None else "     n/a"
-            print(f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {ratio}", flush=True)
-        del x, dy
+            if "error" in row or not per.get(name):
+                print(f"{act:10s} {name:14s} failed: {row.get('error', 'no round completed')}", flush=True)
+                continue
+            ms = statistics.median(per[name])
+            row.update(ms=ms, ms_rounds=per[name], tflops=flops / ms / 1e9)
+            speedup = ratio(per, "torch", name)
+            if speedup is not None:
+                row["speedup_vs_torch"] = speedup
+            shown = f"{speedup:7.2f}x" if speedup is not None else "     n/a"
+            print(f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {shown}", flush=True)
+        del steps, modules, x, dy
         torch.cuda.empty_cache()
     if args.json:
         meta = {
@@ -166,6 +168,7 @@ def main() -> int:
             "commit": commit(),
             "iters": args.iters,
             "warmup": args.warmup,
+            "rounds": args.rounds,
         }
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "results": results}, fh, indent=1)

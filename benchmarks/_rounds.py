@@ -1,0 +1,47 @@
+"""Interleaved timing rounds for the benchmarks whose rows run for milliseconds.
+
+The H200's clocks follow its power and temperature: the same GEMM kernel measured 1.467 ms in
+one benchmark and 1.572 ms a minute later in another (2026-11-30, NOTES.md). Rows timed one
+after another in blocks then see different clocks, and the later rows (te's, after torch's
+baseline) pay for the heat of the earlier ones. So each round times every row in turn (a short
+warm-up, then the median of a few steps), and a row's ratio to the baseline is the median of
+its per-round ratios: both sides of every ratio ran seconds apart, under the same conditions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+
+def interleaved(
+    steps: dict[str, Callable[[], object]],
+    time_one: Callable[[Callable[[], object]], float],
+    rounds: int,
+    iters: int,
+    warmup: int,
+) -> tuple[dict[str, list[float]], dict[str, Exception]]:
+    """Per row, the median ms of each round (``time_one(step)`` times one step, in ms); a row
+    that raises is dropped from later rounds and reported with its exception."""
+    if rounds < 1 or iters < 1 or warmup < 0:
+        raise ValueError(f"interleaved: rounds and iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
+    per: dict[str, list[float]] = {name: [] for name in steps}
+    failed: dict[str, Exception] = {}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            if name in failed:
+                continue
+            try:
+                for _ in range(warmup):
+                    step()
+                per[name].append(statistics.median(time_one(step) for _ in range(iters)))
+            except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
+                failed[name] = e
+    return per, failed
+
+
+def ratio(per: dict[str, list[float]], base: str, name: str) -> float | None:
+    """Median over rounds of base's ms / name's ms (rounds where both ran)."""
+    # A row that failed in a later round has fewer entries: its first rounds still pair up.
+    pairs = list(zip(per.get(base, []), per.get(name, []), strict=False))
+    return statistics.median(b / t for b, t in pairs) if pairs else None
