@@ -35,10 +35,17 @@ step() {  # step NAME COMMAND...: runs with the step time limit, log in $out/NAM
   [ $rc -eq 0 ] || status=1
   echo "== $name (exit $rc)"; tail -"${TAIL:-8}" "$out/$name.log"
 }
-for bench in benchmarks/*.py; do
+# SM clock, power and temperature through the benchmarks (read-only): kernel times move 7-13% with
+# them (benchmarks/NOTES.md), so a result can be read against the clocks it ran at.
+smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active
+nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 > /dev/null 2>&1 || smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu
+nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 -lms 250 > "$out/smi.csv" 2>&1 &
+smi_pid=$!
+for bench in benchmarks/[!_]*.py; do
   name=$(basename "$bench" .py)
   TAIL=30 step "bench_$name" python3 "$bench" --json "$out/$name.json"
 done
+kill "$smi_pid" 2>/dev/null
 for t in tests/gpu/test_*.py; do
   step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5
 done
