@@ -45,3 +45,16 @@ def ratio(per: dict[str, list[float]], base: str, name: str) -> float | None:
     # A row that failed in a later round has fewer entries: its first rounds still pair up.
     pairs = list(zip(per.get(base, []), per.get(name, []), strict=False))
     return statistics.median(b / t for b, t in pairs) if pairs else None
+
+
+def cuda_event_ms(fn: Callable[[], object]) -> float:
+    """One call of fn between two CUDA events on torch's current stream, waited for, in ms
+    (host overhead included, as a user sees it)."""
+    import torch  # here: jax_dense.py uses this module without torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)

@@ -25,6 +25,7 @@ import sys
 import te_core._C as C
 import torch
 import torch.nn.functional as F
+from _rounds import cuda_event_ms
 
 CUDA = int(C.DeviceType.CUDA)
 MODE = C.ScalingMode
@@ -49,15 +50,6 @@ def stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def _event_ms(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
-
-
 def pair_ms(te_fn, peer_fn, iters: int, warmup: int = 5) -> tuple[float, float | None]:
     """Medians of te_fn and peer_fn (None: te only), timed alternately so that clock and thermal
     drift over the run affect both alike."""
@@ -68,9 +60,9 @@ def pair_ms(te_fn, peer_fn, iters: int, warmup: int = 5) -> tuple[float, float |
     torch.cuda.synchronize()
     te_t, peer_t = [], []
     for _ in range(iters):
-        te_t.append(_event_ms(te_fn))
+        te_t.append(cuda_event_ms(te_fn))
         if peer_fn is not None:
-            peer_t.append(_event_ms(peer_fn))
+            peer_t.append(cuda_event_ms(peer_fn))
     return statistics.median(te_t), (statistics.median(peer_t) if peer_t else None)
 
 

@@ -31,23 +31,13 @@ import te_core._C as C
 import te_torch as te
 import torch
 import torch.nn.functional as F
-from _rounds import interleaved, ratio
+from _rounds import cuda_event_ms, interleaved, ratio
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,
     "te_current": te.recipe.Float8CurrentScaling,
     "te_block": te.recipe.Float8BlockScaling,
 }
-
-
-def event_ms(fn) -> float:
-    """One call of fn, CUDA events around it, waited for."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
 
 
 class TorchMLP(torch.nn.Module):
@@ -144,7 +134,7 @@ def main() -> int:
                 continue
             modules.append(module)
             steps[name] = make_step(module, x, dy, rcp)
-        per, failed = interleaved(steps, event_ms, args.rounds, args.iters, args.warmup)
+        per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup)
         for name, e in failed.items():
             rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         for name, row in rows.items():
