@@ -3,9 +3,10 @@ and gradients consumed as they are (TE's semantics; docs/linear.rst "FP8 outputs
 
 - ``fp8_output=True`` (inside ``te.autocast``): the GEMM's result is returned as the quantized
   tensor of the recipe's forward format (Float8Tensor for the per-tensor recipes,
-  Float8BlockwiseQTensor for block scaling), made by the output quantizer of the GEMM's
-  FP8Context. ``fp8_grad=True``: the input gradient is returned quantized in the backward format
-  by the grad-input quantizer. Outside autocast both flags are ignored, as in TE (its
+  Float8BlockwiseQTensor for block scaling, MXFP8Tensor for MXFP8BlockScaling), made by the
+  output quantizer of the GEMM's FP8Context (not implemented for NVFP4BlockScaling yet).
+  ``fp8_grad=True``: the input gradient is returned quantized in the backward format by the
+  grad-input quantizer. Outside autocast both flags are ignored, as in TE (its
   ``_get_quantizers`` hands out no quantizers when FP8 is off).
 - A quantized tensor arriving as a module's input (or as the gradient of its output) is read by
   the GEMMs as it is, bytes and scales, when the recipe's GEMM can multiply its format
@@ -24,6 +25,7 @@ from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor, _transpose
 from te_torch._gemm_state import FP8Context
+from te_torch._mx_tensor import MXFP8Tensor
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm
@@ -72,7 +74,7 @@ def gemm_quantized(
       amax it is given, while te's delayed quantizers max-accumulate into their slot (so a module
       used twice in a step records the larger amax): it writes a scratch amax, folded in after.
     - Current scaling: the scale comes from the result's own amax, unknown until the product is
-      complete, and block scaling: te_gemm writes no block-scaled D. Both run the GEMM to fp32
+      complete, and block scaling / MXFP8: te_gemm writes no block-scaled D. Both run the GEMM to fp32
       and quantize that (TE quantizes its activation-dtype result here; fp32 avoids a second
       rounding, so every recipe's FP8 value is the rounding of the same fp32 result).
     - Traced (torch.compile), where te's registered gemm op has no FP8 D: as current scaling.
@@ -97,16 +99,17 @@ def gemm_quantized(
 
 
 def quantized_operand(
-    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool
+    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool, fp8_dtype=None
 ) -> tuple[tuple | None, str]:
     """(operand, "") with ``t``'s copies as te_gemm's operand tuple (scaling_mode, rowwise_data,
     rowwise_scale_inv, columnwise_data, columnwise_scale_inv), the ones not needed None; or
     (None, why) when the recipe's GEMMs cannot read ``t`` as it is.
 
-    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad). A missing copy
+    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad); ``fp8_dtype``:
+    the role's FP8 dtype, which an MXFP8Tensor must have (MXFP8BlockScaling). A missing copy
     that needed is made without quantizing: per-tensor FP8 and 128x128 tiles by an exact
-    transpose (data and tile scales); a 1x128 copy cannot be made from the other one. ``t`` is
-    not changed."""
+    transpose (data and tile scales); a 1x128 or MXFP8 copy cannot be made from the other one.
+    ``t`` is not changed."""
     r = c.recipe
     if isinstance(t, Float8Tensor):
         if not (r.delayed() or r.float8_current_scaling()):
@@ -151,6 +154,28 @@ def quantized_operand(
             cd if need_col else None,
             cs if need_col else None,
         ), ""
+    if isinstance(t, MXFP8Tensor):
+        if not r.mxfp8():
+            return None, f"an MXFP8Tensor, which {type(r).__name__} GEMMs do not take"
+        if fp8_dtype is not None and t._fp8_dtype != fp8_dtype:
+            return None, (
+                f"an MXFP8Tensor of {t._fp8_dtype}, while {type(r).__name__}"
+                f"(fp8_format={r.fp8_format.name}) quantizes this tensor to {fp8_dtype}"
+            )
+        rd, rs, cd, cs = t._parts()
+        for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
+            if want and have is None:
+                return None, (
+                    f"an MXFP8Tensor without its {which} copy, which cannot be made from the "
+                    "other copy (each has its own blocks)"
+                )
+        return (
+            t._mode,
+            rd if need_row else None,
+            rs if need_row else None,
+            cd if need_col else None,
+            cs if need_col else None,
+        ), ""
     return None, f"a {type(t).__name__}, which te's GEMMs do not take"
 
 
@@ -159,7 +184,7 @@ def input_operand(inp: QuantizedTensor, c: FP8Context, need_col: bool) -> tuple:
     one (column-wise): used as given, or te's error saying what to do."""
     r = c.recipe
     block_dim = r.x_block_scaling_dim if r.float8_block_scaling() else 0
-    op, why = quantized_operand(inp, c, block_dim, True, need_col)
+    op, why = quantized_operand(inp, c, block_dim, True, need_col, getattr(c.x_q[3], "dtype", None))
     if op is None:
         raise ValueError(
             f"{c.owner}: inp: got {why}. A quantized input is used as it is (not quantized again), "
@@ -188,4 +213,4 @@ def grad_operand(dy: QuantizedTensor, c: FP8Context, need_row: bool, need_col: b
     made under another recipe): the caller dequantizes it and quantizes it like any gradient."""
     r = c.recipe
     block_dim = r.grad_block_scaling_dim if r.float8_block_scaling() else 0
-    return quantized_operand(dy, c, block_dim, need_row, need_col)[0]
+    return quantized_operand(dy, c, block_dim, need_row, need_col, getattr(c.g_q[3], "dtype", None))[0]

@@ -50,7 +50,10 @@ def _variants(q) -> tuple:
 
 
 def _one_d(q) -> bool:
-    """Whether ``q`` makes 1x128 blocks (whose column-wise copy only the quantizer can make)."""
+    """Whether ``q``'s column-wise copy has blocks of its own that only the quantizer can make
+    (1x128 blocks; MXFP8's 32x1 column blocks), not an exact transpose of the row-wise copy."""
+    if isinstance(q, MXFP8Quantizer):
+        return not q.with_2d_quantization
     return isinstance(q, Float8BlockQuantizer) and q.block_scaling_dim == 1
 
 
@@ -139,12 +142,14 @@ class FP8Context:
     quantized weight (``is_first_microbatch``). ``owner`` names the module in errors.
 
     ``x_q``, ``w_q``, ``g_q``, ``o_q``, ``gi_q``: the input, weight, grad-output, output and
-    grad-input quantizers, each in the four usages (``_variants``). Output and grad-input use the
+    grad-input quantizers, each in the four usages (``_variants``; output and grad-input None
+    under NVFP4BlockScaling, not implemented yet). Output and grad-input use the
     forward and backward formats of the recipe (HYBRID: E4M3 / E5M2) and, under DelayedScaling,
     the forward slot 2 ("output") and backward slot 1 ("grad_input") of the module's state;
     under current scaling the settings of the input / grad-output quantizers (they are the next
     GEMM's input / the previous GEMM's grad-output); under block scaling those too (1x128
-    blocks by default)."""
+    blocks by default), and under MXFP8BlockScaling the input's / grad-output's (1x32 / 32x1
+    blocks, never 32x32 tiles)."""
 
     __slots__ = (
         "recipe",
@@ -227,9 +232,10 @@ class FP8Context:
             x = MXFP8Quantizer(fdt)
             w = MXFP8Quantizer(fdt, with_2d_quantization=recipe.enable_2d_quantization)
             g = MXFP8Quantizer(bdt)
+            # fp8_output / fp8_grad: the next GEMM's input / the previous GEMM's grad-output
+            o, gi = MXFP8Quantizer(fdt), MXFP8Quantizer(bdt)
             self.split = (None, None, None)  # no MMParams in the recipe: te_gemm's default
             self.block = 32
-            o = gi = None
         elif recipe.nvfp4():
             x, w, g = _nvfp4_quantizers(recipe, owner)
             self.split = (None, None, None)
@@ -242,7 +248,7 @@ class FP8Context:
                 "MXFP8BlockScaling or NVFP4BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
-        # fp8_output / fp8_grad quantizers (None: not for MXFP8 / NVFP4 yet).
+        # fp8_output / fp8_grad quantizers (None: not for NVFP4 yet).
         self.o_q = None if o is None else _variants(o)
         self.gi_q = None if gi is None else _variants(gi)
         # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
@@ -251,16 +257,16 @@ class FP8Context:
     def output_quantizer(self, grad_enabled: bool):
         """The quantizer of a returned output (``fp8_output``): the row-wise copy the next GEMM's
         fprop reads, and with ``grad_enabled`` the column-wise copy its wgrad reads when that
-        copy cannot be made from the row-wise one later (1x128 blocks: each copy has its own
-        blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in TE: the consumer
-        makes the exact FP8 transpose if it needs one."""
+        copy cannot be made from the row-wise one later (1x128 blocks, MXFP8's 1x32 / 32x1:
+        each copy has its own blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in
+        TE: the consumer makes the exact FP8 transpose if it needs one."""
         if self.o_q is None:
             raise self._no_io("fp8_output")
         return self.o_q[2 + (grad_enabled and _one_d(self.o_q[2]))]
 
     def grad_input_quantizer(self):
         """The quantizer of a returned input gradient (``fp8_grad``): row-wise (the previous
-        GEMM's dgrad) and, with 1x128 blocks, column-wise (its wgrad) too; see
+        GEMM's dgrad) and, with 1x128 or MXFP8 blocks, column-wise (its wgrad) too; see
         output_quantizer."""
         if self.gi_q is None:
             raise self._no_io("fp8_grad")
@@ -269,8 +275,8 @@ class FP8Context:
     def _no_io(self, flag: str) -> NotImplementedError:
         return NotImplementedError(
             f"{self.owner}: {flag}=True under {type(self.recipe).__name__} is not implemented in te "
-            "yet (its outputs would be MXFP8 / NVFP4 tensors); call without it, or use DelayedScaling, "
-            "Float8CurrentScaling or Float8BlockScaling"
+            "yet (its output would be an NVFP4Tensor); call without it, or use DelayedScaling, "
+            "Float8CurrentScaling, Float8BlockScaling or MXFP8BlockScaling"
         )
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
