@@ -659,15 +659,151 @@ def test_mxfp8_input_misuse_says_what_to_do():
             m(te.MXFP8Quantizer(E4M3)(x))
 
 
-@pytest.mark.parametrize("flag", ["fp8_output", "fp8_grad"])
-def test_nvfp4_flags_are_not_implemented(flag):
-    x = torch.randn(SHAPE, requires_grad=True)
-    for m, owner in (
-        (te.Linear(K, N, device="cpu"), "Linear"),
-        (te.LayerNormLinear(K, N, device="cpu"), "LayerNormLinear"),
-    ):
-        with te.autocast(recipe=recipe.NVFP4BlockScaling()):
-            with pytest.raises(
-                NotImplementedError, match=rf"{owner}: {flag}=True under NVFP4BlockScaling is not implemented"
-            ):
-                m(x, **{flag: True})
+# -- NVFP4BlockScaling ----------------------------------------------------------------------------
+
+NV_RECIPES = {
+    "nvfp4": lambda: recipe.NVFP4BlockScaling(),
+    "nvfp4_no_sr": lambda: recipe.NVFP4BlockScaling(disable_stochastic_rounding=True),
+}
+
+
+def nv_quantizers(r):
+    """Fresh NVFP4 quantizers as a te module's (x, w, dy, output, grad_input) for recipe ``r``."""
+
+    def q(qp):
+        return te.NVFP4Quantizer(
+            with_rht=qp.random_hadamard_transform,
+            with_2d_quantization=qp.fp4_2d_quantization,
+            stochastic_rounding=qp.stochastic_rounding,
+        )
+
+    inp, wt, grad = r.fp4_quant_fwd_inp, r.fp4_quant_fwd_weight, r.fp4_quant_bwd_grad
+    return q(inp), q(wt), q(grad), q(inp), q(grad)
+
+
+def assert_same_nv(got, want) -> None:
+    """Two NVFP4Tensors hold the same copies: E2M1 bytes, the E4M3 scale bytes each copy reads,
+    the global amaxes and the transform flag."""
+    assert type(got) is type(want) is te.NVFP4Tensor
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert got._columnwise_rht == want._columnwise_rht and torch.equal(got._amax, want._amax)
+    k = got.shape[-1]
+    m = got.numel() // k
+    g, w = got._parts(), want._parts()
+    for i, region in ((0, None), (1, (m, k // 16)), (2, None), (3, (k, m // 16))):
+        assert (g[i] is None) == (w[i] is None), i
+        if g[i] is not None:
+            a, b = (
+                (g[i], w[i])
+                if region is None
+                else (g[i][: region[0], : region[1]], w[i][: region[0], : region[1]])
+            )
+            assert torch.equal(a, b), i
+
+
+@pytest.mark.parametrize("name", list(NV_RECIPES))
+def test_nvfp4_quantized_output_and_input_gradient(name):
+    """NVFP4: y (fp8_output) and dx (fp8_grad) are NVFP4Tensors of te's fp32 products with both
+    copies (16x1 column blocks, with the recipe's Hadamard transform), quantized by fresh
+    quantizers of the input's / gradient's QParams; dx with stochastic rounding draws its seed
+    from torch's generator, so the reference replays the backward's draws."""
+    torch.manual_seed(20)
+    r = NV_RECIPES[name]()
+    m = te.Linear(K, N, device="cpu")
+    with torch.no_grad():
+        m.bias.normal_(0, 0.5)
+    plain = copy.deepcopy(m)
+    x, dy = torch.randn(SHAPE), torch.randn(*SHAPE[:-1], N)
+    xa = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = m(xa, fp8_output=True, fp8_grad=True)
+    torch.manual_seed(21)
+    y.backward(dy)
+    dx = xa.grad
+    assert isinstance(y, te.NVFP4Tensor) and isinstance(dx, te.NVFP4Tensor)
+    assert all(p is not None for p in (*y._parts(), *dx._parts()))
+    qx, qw, qg, qo, qgi = nv_quantizers(r)
+    w, b = m.weight.detach(), m.bias.detach()
+    y32 = te.functional.gemm(qx(x), qw(w), bias=b, out_dtype=f32)
+    assert_same_nv(y, qo.quantize(y32))
+    torch.manual_seed(21)  # the backward's draws: dy's quantization, then dx's
+    dx32 = te.functional.gemm_dgrad(qg(dy), qw(w), out_dtype=f32)
+    assert_same_nv(dx, qgi.quantize(dx32))
+    # loose: three E2M1 roundings (x, W, y), each about 0.1 normwise on Gaussian data
+    assert rel(y.dequantize(f32), F.linear(x, w, b)) <= 0.3
+    assert rel(dx.dequantize(f32), dy @ w) <= 0.3
+    xb = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y_p = plain(xb)
+    torch.manual_seed(21)
+    y_p.backward(dy)
+    assert torch.equal(m.weight.grad, plain.weight.grad) and torch.equal(m.bias.grad, plain.bias.grad)
+
+
+@pytest.mark.parametrize("name", list(NV_RECIPES))
+def test_nvfp4_chain_reads_quantized_outputs_and_gradients_as_they_are(name):
+    """fc1(fp8_output, fp8_grad) -> fc2(fp8_grad): fc2 reads h's copies (with its transformed
+    column-wise copy for the wgrad), fc1 reads dh's; outputs and every gradient equal the
+    unflagged pair's bit for bit (the same fp32 results, quantized by quantizers of the same
+    settings, drawing the same stochastic-rounding seeds)."""
+    torch.manual_seed(22)
+    r = NV_RECIPES[name]()
+    fc1, fc2 = te.Linear(K, N, device="cpu"), te.Linear(N, 64, device="cpu")
+    plain1, plain2 = copy.deepcopy(fc1), copy.deepcopy(fc2)
+    x, dy = torch.randn(SHAPE), torch.randn(*SHAPE[:-1], 64)
+    seen = {}
+    xa = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        h = fc1(xa, fp8_output=True)
+        h.register_hook(lambda g: seen.setdefault("dh", g))
+        y = fc2(h, fp8_grad=True)
+    assert (
+        isinstance(h, te.NVFP4Tensor) and h._columnwise_rht == r.fp4_quant_fwd_inp.random_hadamard_transform
+    )
+    torch.manual_seed(23)
+    y.backward(dy)
+    assert isinstance(seen["dh"], te.NVFP4Tensor) and seen["dh"]._columnwise_data is not None
+    xb = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y_p = plain2(plain1(xb))
+    torch.manual_seed(23)
+    y_p.backward(dy)
+    assert torch.equal(y, y_p) and torch.equal(xa.grad, xb.grad)
+    assert torch.equal(fc1.weight.grad, plain1.weight.grad) and torch.equal(
+        fc2.weight.grad, plain2.weight.grad
+    )
+    assert torch.equal(fc2.bias.grad, plain2.bias.grad)
+
+
+def test_nvfp4_layernorm_linear_output_and_gradient():
+    torch.manual_seed(24)
+    r = recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
+    m = te.LayerNormLinear(K, N, device="cpu")
+    plain = copy.deepcopy(m)
+    x, dy = torch.randn(SHAPE), torch.randn(*SHAPE[:-1], N)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = m(xa, fp8_output=True, fp8_grad=True)
+        y_p = plain(xb)
+    y.backward(dy)
+    y_p.backward(dy)
+    *_, qo, qgi = nv_quantizers(r)
+    assert_same_nv(y, qo(y_p.detach()))
+    assert_same_nv(xa.grad, qgi(xb.grad))
+    assert torch.equal(m.weight.grad, plain.weight.grad)
+
+
+def test_nvfp4_input_misuse_says_what_to_do():
+    m = te.Linear(K, N, device="cpu")
+    x = torch.randn(SHAPE)
+    with te.autocast(recipe=recipe.NVFP4BlockScaling()):
+        with pytest.raises(
+            ValueError, match=r"te.Linear: inp: got an NVFP4Tensor whose column-wise copy lacks"
+        ):
+            m(te.NVFP4Quantizer(with_rht=False)(x))
+        with pytest.raises(ValueError, match=r"an MXFP8Tensor, which NVFP4BlockScaling GEMMs do not take"):
+            m(te.MXFP8Quantizer(E4M3)(x))
+        assert torch.equal(m(te.NVFP4Quantizer(with_rht=True)(x)), m(x))  # the x quantizer's bytes
+    with te.autocast(recipe=recipe.MXFP8BlockScaling()):
+        with pytest.raises(ValueError, match=r"an NVFP4Tensor, which MXFP8BlockScaling GEMMs do not take"):
+            m(te.NVFP4Quantizer()(x))

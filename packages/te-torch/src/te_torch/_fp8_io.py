@@ -3,8 +3,8 @@ and gradients consumed as they are (TE's semantics; docs/linear.rst "FP8 outputs
 
 - ``fp8_output=True`` (inside ``te.autocast``): the GEMM's result is returned as the quantized
   tensor of the recipe's forward format (Float8Tensor for the per-tensor recipes,
-  Float8BlockwiseQTensor for block scaling, MXFP8Tensor for MXFP8BlockScaling), made by the
-  output quantizer of the GEMM's FP8Context (not implemented for NVFP4BlockScaling yet).
+  Float8BlockwiseQTensor for block scaling, MXFP8Tensor / NVFP4Tensor for MXFP8BlockScaling /
+  NVFP4BlockScaling), made by the output quantizer of the GEMM's FP8Context.
   ``fp8_grad=True``: the input gradient is returned quantized in the backward format by the
   grad-input quantizer. Outside autocast both flags are ignored, as in TE (its
   ``_get_quantizers`` hands out no quantizers when FP8 is off).
@@ -25,7 +25,7 @@ from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor, _transpose
 from te_torch._gemm_state import FP8Context
-from te_torch._mx_tensor import MXFP8Tensor
+from te_torch._mx_tensor import MXFP8Tensor, NVFP4Tensor
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm
@@ -99,14 +99,16 @@ def gemm_quantized(
 
 
 def quantized_operand(
-    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool, fp8_dtype=None
+    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool, role=None
 ) -> tuple[tuple | None, str]:
     """(operand, "") with ``t``'s copies as te_gemm's operand tuple (scaling_mode, rowwise_data,
     rowwise_scale_inv, columnwise_data, columnwise_scale_inv), the ones not needed None; or
     (None, why) when the recipe's GEMMs cannot read ``t`` as it is.
 
-    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad); ``fp8_dtype``:
-    the role's FP8 dtype, which an MXFP8Tensor must have (MXFP8BlockScaling). A missing copy
+    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad); ``role``: the
+    role's quantizer, whose FP8 dtype an MXFP8Tensor must have (MXFP8BlockScaling) and whose
+    Hadamard transform an NVFP4Tensor's column-wise copy must match when the wgrad reads it
+    (te_gemm takes the transform on both wgrad operands or on neither). A missing copy
     that needed is made without quantizing: per-tensor FP8 and 128x128 tiles by an exact
     transpose (data and tile scales); a 1x128 or MXFP8 copy cannot be made from the other one.
     ``t`` is not changed."""
@@ -157,10 +159,10 @@ def quantized_operand(
     if isinstance(t, MXFP8Tensor):
         if not r.mxfp8():
             return None, f"an MXFP8Tensor, which {type(r).__name__} GEMMs do not take"
-        if fp8_dtype is not None and t._fp8_dtype != fp8_dtype:
+        if role is not None and t._fp8_dtype != role.dtype:
             return None, (
                 f"an MXFP8Tensor of {t._fp8_dtype}, while {type(r).__name__}"
-                f"(fp8_format={r.fp8_format.name}) quantizes this tensor to {fp8_dtype}"
+                f"(fp8_format={r.fp8_format.name}) quantizes this tensor to {role.dtype}"
             )
         rd, rs, cd, cs = t._parts()
         for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
@@ -176,6 +178,32 @@ def quantized_operand(
             cd if need_col else None,
             cs if need_col else None,
         ), ""
+    if isinstance(t, NVFP4Tensor):
+        if not r.nvfp4():
+            return None, f"an NVFP4Tensor, which {type(r).__name__} GEMMs do not take"
+        if need_col and role is not None and t._columnwise_rht != role.with_rht:
+            return None, (
+                f"an NVFP4Tensor whose column-wise copy {'has' if t._columnwise_rht else 'lacks'} "
+                f"the random Hadamard transform, while {type(r).__name__} quantizes this tensor "
+                f"{'with' if role.with_rht else 'without'} it (the wgrad GEMM needs it on both "
+                "operands or on neither)"
+            )
+        rd, rs, cd, cs = t._parts()
+        for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
+            if want and have is None:
+                return None, (
+                    f"an NVFP4Tensor without its {which} copy, which cannot be made from the "
+                    "other copy (each has its own blocks)"
+                )
+        return (
+            t._mode,
+            rd if need_row else None,
+            rs if need_row else None,
+            cd if need_col else None,
+            cs if need_col else None,
+            t._amax,
+            t._columnwise_rht,
+        ), ""
     return None, f"a {type(t).__name__}, which te's GEMMs do not take"
 
 
@@ -184,7 +212,7 @@ def input_operand(inp: QuantizedTensor, c: FP8Context, need_col: bool) -> tuple:
     one (column-wise): used as given, or te's error saying what to do."""
     r = c.recipe
     block_dim = r.x_block_scaling_dim if r.float8_block_scaling() else 0
-    op, why = quantized_operand(inp, c, block_dim, True, need_col, getattr(c.x_q[3], "dtype", None))
+    op, why = quantized_operand(inp, c, block_dim, True, need_col, c.x_q[3])
     if op is None:
         raise ValueError(
             f"{c.owner}: inp: got {why}. A quantized input is used as it is (not quantized again), "
@@ -213,4 +241,4 @@ def grad_operand(dy: QuantizedTensor, c: FP8Context, need_row: bool, need_col: b
     made under another recipe): the caller dequantizes it and quantizes it like any gradient."""
     r = c.recipe
     block_dim = r.grad_block_scaling_dim if r.float8_block_scaling() else 0
-    return quantized_operand(dy, c, block_dim, need_row, need_col, getattr(c.g_q[3], "dtype", None))[0]
+    return quantized_operand(dy, c, block_dim, need_row, need_col, c.g_q[3])[0]
