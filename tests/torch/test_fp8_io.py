@@ -63,6 +63,36 @@ def quantize_spy(monkeypatch) -> list:
     return calls
 
 
+def _grads_match_plain_pair(r, x, xa, dy, flagged, plain) -> None:
+    """The flagged pair's input and weight gradients equal the unflagged pair's (fed x, dy)."""
+    xb = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y_p = plain[1](plain[0](xb))
+    y_p.backward(dy)
+    assert torch.equal(xa.grad, xb.grad)
+    for m, q in zip(flagged, plain, strict=True):
+        assert torch.equal(m.weight.grad, q.weight.grad)
+
+
+def _backward_reads_h_as_is(r, x, xa, dy, h, y, flagged, plain) -> None:
+    """After y = fc2(fc1(xa, fp8_output=True)) = y(h): backward, then fc2's GEMM read h's bytes
+    (te's GEMM of h itself gives y exactly), and the pair computes what the unflagged pair
+    computes (the same fp32 result, quantized with the same scales): y and every gradient."""
+    y.backward(dy)
+    fc1, fc2 = flagged
+    _, qw, _ = ref_quantizers(r)
+    assert torch.equal(
+        y.detach(), te.functional.gemm(h.detach(), qw(fc2.weight.detach()), bias=fc2.bias.detach())
+    )
+    xb = x.clone().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y_p = plain[1](plain[0](xb))
+    y_p.backward(dy)
+    assert torch.equal(y, y_p) and torch.equal(xa.grad, xb.grad)
+    for m, p in zip(flagged, plain, strict=True):
+        assert torch.equal(m.weight.grad, p.weight.grad) and torch.equal(m.bias.grad, p.bias.grad)
+
+
 @pytest.mark.parametrize("dtype", [f32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_quantized_output_and_input_gradient(name, dtype):
@@ -127,21 +157,7 @@ def test_next_linear_reads_the_quantized_output_as_it_is(name, monkeypatch):
     assert calls[before:] == [(64, N)]  # fc2 quantized its weight, not its input
     # delayed: te_gemm wrote h; current / block: fc1's output quantizer did
     assert calls[:before].count(tuple(h.shape)) == (0 if r.delayed() else 1)
-    y.backward(dy)
-    # fc2's GEMM read h's bytes: te's GEMM of h itself gives y exactly
-    _, qw, _ = ref_quantizers(r)
-    assert torch.equal(
-        y.detach(), te.functional.gemm(h.detach(), qw(fc2.weight.detach()), bias=fc2.bias.detach())
-    )
-    # and the pair computes what it computes without the flag (the same fp32 result, quantized
-    # with the same scale)
-    xb = x.clone().requires_grad_(True)
-    with te.autocast(recipe=r):
-        y_p = plain2(plain1(xb))
-    y_p.backward(dy)
-    assert torch.equal(y, y_p) and torch.equal(xa.grad, xb.grad)
-    for a, b in ((fc1, plain1), (fc2, plain2)):
-        assert torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+    _backward_reads_h_as_is(r, x, xa, dy, h, y, (fc1, fc2), (plain1, plain2))
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -171,12 +187,7 @@ def test_previous_linear_reads_the_quantized_gradient_as_it_is(name, monkeypatch
     assert torch.allclose(fc1.bias.grad, dh.dequantize(f32).reshape(-1, N).sum(0), rtol=1e-6, atol=1e-6)
     # fc1's dgrad / wgrad read the bytes a plain backward would have quantized (same fp32 dgrad,
     # same quantizer settings and, in a first delayed step, the same scale 1)
-    xb = x.clone().requires_grad_(True)
-    with te.autocast(recipe=r):
-        y_p = plain2(plain1(xb))
-    y_p.backward(dy)
-    assert torch.equal(xa.grad, xb.grad) and torch.equal(fc1.weight.grad, plain1.weight.grad)
-    assert torch.equal(fc2.weight.grad, plain2.weight.grad)
+    _grads_match_plain_pair(r, x, xa, dy, (fc1, fc2), (plain1, plain2))
 
 
 def test_quantized_gradient_of_another_recipe_is_quantized_again():
@@ -528,18 +539,7 @@ def test_mxfp8_chain_reads_the_quantized_output_as_it_is(name):
         h = fc1(xa, fp8_output=True)
         y = fc2(h)
     assert isinstance(h, te.MXFP8Tensor) and h.requires_grad
-    y.backward(dy)
-    _, qw, _ = ref_quantizers(r)
-    assert torch.equal(
-        y.detach(), te.functional.gemm(h.detach(), qw(fc2.weight.detach()), bias=fc2.bias.detach())
-    )
-    xb = x.clone().requires_grad_(True)
-    with te.autocast(recipe=r):
-        y_p = plain2(plain1(xb))
-    y_p.backward(dy)
-    assert torch.equal(y, y_p) and torch.equal(xa.grad, xb.grad)
-    for a, b in ((fc1, plain1), (fc2, plain2)):
-        assert torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+    _backward_reads_h_as_is(r, x, xa, dy, h, y, (fc1, fc2), (plain1, plain2))
 
 
 def test_mxfp8_requantizing_the_dequantized_output():
@@ -594,12 +594,7 @@ def test_mxfp8_previous_linear_reads_the_quantized_gradient_as_it_is(name):
     assert isinstance(dh, te.MXFP8Tensor) and set(mx_scales(dh)) == {"row", "col"}
     assert dh._fp8_dtype == (E5M2 if name == "mxfp8_hybrid" else E4M3)
     assert torch.allclose(fc1.bias.grad, dh.dequantize(f32).reshape(-1, N).sum(0), rtol=1e-6, atol=1e-6)
-    xb = x.clone().requires_grad_(True)
-    with te.autocast(recipe=r):
-        y_p = plain2(plain1(xb))
-    y_p.backward(dy)
-    assert torch.equal(xa.grad, xb.grad) and torch.equal(fc1.weight.grad, plain1.weight.grad)
-    assert torch.equal(fc2.weight.grad, plain2.weight.grad)
+    _grads_match_plain_pair(r, x, xa, dy, (fc1, fc2), (plain1, plain2))
 
 
 def test_mxfp8_layernorm_linear_output_and_gradient():

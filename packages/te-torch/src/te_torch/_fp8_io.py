@@ -98,6 +98,17 @@ def gemm_quantized(
     return q.quantize(out, dtype=dtype)
 
 
+def _needed(mode: int, rd, rs, cd, cs, need_row: bool, need_col: bool) -> tuple:
+    """te_gemm's operand tuple with only the needed copies (the others None)."""
+    return (
+        mode,
+        rd if need_row else None,
+        rs if need_row else None,
+        cd if need_col else None,
+        cs if need_col else None,
+    )
+
+
 def quantized_operand(
     t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool, role=None
 ) -> tuple[tuple | None, str]:
@@ -121,13 +132,7 @@ def quantized_operand(
             rd = _transpose(cd).view(t.shape)
         if need_col and cd is None:
             cd = _transpose(rd)
-        return (
-            _PER_TENSOR,
-            rd if need_row else None,
-            s if need_row else None,
-            cd if need_col else None,
-            s if need_col else None,
-        ), ""
+        return _needed(_PER_TENSOR, rd, s, cd, s, need_row, need_col), ""
     if isinstance(t, Float8BlockwiseQTensor):
         dim = 2 if t._is_2D_scaled else 1
         if not r.float8_block_scaling() or dim != block_dim:
@@ -149,13 +154,7 @@ def quantized_operand(
             rd = rd.view(t.shape)
         if need_col and cd is None:
             cd, cs = t._transposed_2d(rd, rs, _PART_CS)
-        return (
-            t._mode,
-            rd if need_row else None,
-            rs if need_row else None,
-            cd if need_col else None,
-            cs if need_col else None,
-        ), ""
+        return _needed(t._mode, rd, rs, cd, cs, need_row, need_col), ""
     if isinstance(t, MXFP8Tensor):
         if not r.mxfp8():
             return None, f"an MXFP8Tensor, which {type(r).__name__} GEMMs do not take"
@@ -164,20 +163,7 @@ def quantized_operand(
                 f"an MXFP8Tensor of {t._fp8_dtype}, while {type(r).__name__}"
                 f"(fp8_format={r.fp8_format.name}) quantizes this tensor to {role.dtype}"
             )
-        rd, rs, cd, cs = t._parts()
-        for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
-            if want and have is None:
-                return None, (
-                    f"an MXFP8Tensor without its {which} copy, which cannot be made from the "
-                    "other copy (each has its own blocks)"
-                )
-        return (
-            t._mode,
-            rd if need_row else None,
-            rs if need_row else None,
-            cd if need_col else None,
-            cs if need_col else None,
-        ), ""
+        return _own_block_copies(t, need_row, need_col)
     if isinstance(t, NVFP4Tensor):
         if not r.nvfp4():
             return None, f"an NVFP4Tensor, which {type(r).__name__} GEMMs do not take"
@@ -188,23 +174,22 @@ def quantized_operand(
                 f"{'with' if role.with_rht else 'without'} it (the wgrad GEMM needs it on both "
                 "operands or on neither)"
             )
-        rd, rs, cd, cs = t._parts()
-        for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
-            if want and have is None:
-                return None, (
-                    f"an NVFP4Tensor without its {which} copy, which cannot be made from the "
-                    "other copy (each has its own blocks)"
-                )
-        return (
-            t._mode,
-            rd if need_row else None,
-            rs if need_row else None,
-            cd if need_col else None,
-            cs if need_col else None,
-            t._amax,
-            t._columnwise_rht,
-        ), ""
+        op, why = _own_block_copies(t, need_row, need_col)
+        return (None, why) if op is None else ((*op, t._amax, t._columnwise_rht), "")
     return None, f"a {type(t).__name__}, which te's GEMMs do not take"
+
+
+def _own_block_copies(t, need_row: bool, need_col: bool) -> tuple[tuple | None, str]:
+    """An MXFP8 / NVFP4 tensor's needed copies as (mode, rd, rs, cd, cs), or (None, why) when one
+    is missing: each copy has its own blocks, so neither can be made from the other."""
+    rd, rs, cd, cs = t._parts()
+    for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
+        if want and have is None:
+            return None, (
+                f"an {type(t).__name__} without its {which} copy, which cannot be made from the "
+                "other copy (each has its own blocks)"
+            )
+    return _needed(t._mode, rd, rs, cd, cs, need_row, need_col), ""
 
 
 def input_operand(inp: QuantizedTensor, c: FP8Context, need_col: bool) -> tuple:
