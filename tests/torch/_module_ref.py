@@ -58,6 +58,13 @@ def ref_quantizers(r, fwd_scale=None, bwd_scale=None):
             te.Float8CurrentScalingQuantizer(E4M3),
             te.Float8CurrentScalingQuantizer(g),
         )
+    if r.mxfp8():
+        g = E5M2 if r.fp8_format == recipe.Format.HYBRID else E4M3
+        return (
+            te.MXFP8Quantizer(E4M3),
+            te.MXFP8Quantizer(E4M3, with_2d_quantization=r.enable_2d_quantization),
+            te.MXFP8Quantizer(g),
+        )
     return (
         te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.x_block_scaling_dim),
         te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.w_block_scaling_dim),
@@ -82,6 +89,8 @@ def ref_io_quantizers(r, fwd_scale=None, bwd_scale=None):
             te.Float8CurrentScalingQuantizer(E4M3, columnwise=False),
             te.Float8CurrentScalingQuantizer(g, columnwise=False),
         )
+    if r.mxfp8():  # both copies: each has its own blocks
+        return te.MXFP8Quantizer(E4M3), te.MXFP8Quantizer(g)
     return (
         te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.x_block_scaling_dim),
         te.Float8BlockQuantizer(E4M3, block_scaling_dim=r.grad_block_scaling_dim),

@@ -3,9 +3,10 @@ and gradients consumed as they are (TE's semantics; docs/linear.rst "FP8 outputs
 
 - ``fp8_output=True`` (inside ``te.autocast``): the GEMM's result is returned as the quantized
   tensor of the recipe's forward format (Float8Tensor for the per-tensor recipes,
-  Float8BlockwiseQTensor for block scaling), made by the output quantizer of the GEMM's
-  FP8Context. ``fp8_grad=True``: the input gradient is returned quantized in the backward format
-  by the grad-input quantizer. Outside autocast both flags are ignored, as in TE (its
+  Float8BlockwiseQTensor for block scaling, MXFP8Tensor / NVFP4Tensor for MXFP8BlockScaling /
+  NVFP4BlockScaling), made by the output quantizer of the GEMM's FP8Context.
+  ``fp8_grad=True``: the input gradient is returned quantized in the backward format by the
+  grad-input quantizer. Outside autocast both flags are ignored, as in TE (its
   ``_get_quantizers`` hands out no quantizers when FP8 is off).
 - A quantized tensor arriving as a module's input (or as the gradient of its output) is read by
   the GEMMs as it is, bytes and scales, when the recipe's GEMM can multiply its format
@@ -24,6 +25,7 @@ from te_torch import _kernels
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor, _transpose
 from te_torch._gemm_state import FP8Context
+from te_torch._mx_tensor import MXFP8Tensor, NVFP4Tensor
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm
@@ -72,7 +74,7 @@ def gemm_quantized(
       amax it is given, while te's delayed quantizers max-accumulate into their slot (so a module
       used twice in a step records the larger amax): it writes a scratch amax, folded in after.
     - Current scaling: the scale comes from the result's own amax, unknown until the product is
-      complete, and block scaling: te_gemm writes no block-scaled D. Both run the GEMM to fp32
+      complete, and block scaling / MXFP8: te_gemm writes no block-scaled D. Both run the GEMM to fp32
       and quantize that (TE quantizes its activation-dtype result here; fp32 avoids a second
       rounding, so every recipe's FP8 value is the rounding of the same fp32 result).
     - Traced (torch.compile), where te's registered gemm op has no FP8 D: as current scaling.
@@ -96,17 +98,31 @@ def gemm_quantized(
     return q.quantize(out, dtype=dtype)
 
 
+def _needed(mode: int, rd, rs, cd, cs, need_row: bool, need_col: bool) -> tuple:
+    """te_gemm's operand tuple with only the needed copies (the others None)."""
+    return (
+        mode,
+        rd if need_row else None,
+        rs if need_row else None,
+        cd if need_col else None,
+        cs if need_col else None,
+    )
+
+
 def quantized_operand(
-    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool
+    t: QuantizedTensor, c: FP8Context, block_dim: int, need_row: bool, need_col: bool, role=None
 ) -> tuple[tuple | None, str]:
     """(operand, "") with ``t``'s copies as te_gemm's operand tuple (scaling_mode, rowwise_data,
     rowwise_scale_inv, columnwise_data, columnwise_scale_inv), the ones not needed None; or
     (None, why) when the recipe's GEMMs cannot read ``t`` as it is.
 
-    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad). A missing copy
+    ``block_dim``: the block scaling dim the recipe uses for this role (x or grad); ``role``: the
+    role's quantizer, whose FP8 dtype an MXFP8Tensor must have (MXFP8BlockScaling) and whose
+    Hadamard transform an NVFP4Tensor's column-wise copy must match when the wgrad reads it
+    (te_gemm takes the transform on both wgrad operands or on neither). A missing copy
     that needed is made without quantizing: per-tensor FP8 and 128x128 tiles by an exact
-    transpose (data and tile scales); a 1x128 copy cannot be made from the other one. ``t`` is
-    not changed."""
+    transpose (data and tile scales); a 1x128 or MXFP8 copy cannot be made from the other one.
+    ``t`` is not changed."""
     r = c.recipe
     if isinstance(t, Float8Tensor):
         if not (r.delayed() or r.float8_current_scaling()):
@@ -116,13 +132,7 @@ def quantized_operand(
             rd = _transpose(cd).view(t.shape)
         if need_col and cd is None:
             cd = _transpose(rd)
-        return (
-            _PER_TENSOR,
-            rd if need_row else None,
-            s if need_row else None,
-            cd if need_col else None,
-            s if need_col else None,
-        ), ""
+        return _needed(_PER_TENSOR, rd, s, cd, s, need_row, need_col), ""
     if isinstance(t, Float8BlockwiseQTensor):
         dim = 2 if t._is_2D_scaled else 1
         if not r.float8_block_scaling() or dim != block_dim:
@@ -144,14 +154,42 @@ def quantized_operand(
             rd = rd.view(t.shape)
         if need_col and cd is None:
             cd, cs = t._transposed_2d(rd, rs, _PART_CS)
-        return (
-            t._mode,
-            rd if need_row else None,
-            rs if need_row else None,
-            cd if need_col else None,
-            cs if need_col else None,
-        ), ""
+        return _needed(t._mode, rd, rs, cd, cs, need_row, need_col), ""
+    if isinstance(t, MXFP8Tensor):
+        if not r.mxfp8():
+            return None, f"an MXFP8Tensor, which {type(r).__name__} GEMMs do not take"
+        if role is not None and t._fp8_dtype != role.dtype:
+            return None, (
+                f"an MXFP8Tensor of {t._fp8_dtype}, while {type(r).__name__}"
+                f"(fp8_format={r.fp8_format.name}) quantizes this tensor to {role.dtype}"
+            )
+        return _own_block_copies(t, need_row, need_col)
+    if isinstance(t, NVFP4Tensor):
+        if not r.nvfp4():
+            return None, f"an NVFP4Tensor, which {type(r).__name__} GEMMs do not take"
+        if need_col and role is not None and t._columnwise_rht != role.with_rht:
+            return None, (
+                f"an NVFP4Tensor whose column-wise copy {'has' if t._columnwise_rht else 'lacks'} "
+                f"the random Hadamard transform, while {type(r).__name__} quantizes this tensor "
+                f"{'with' if role.with_rht else 'without'} it (the wgrad GEMM needs it on both "
+                "operands or on neither)"
+            )
+        op, why = _own_block_copies(t, need_row, need_col)
+        return (None, why) if op is None else ((*op, t._amax, t._columnwise_rht), "")
     return None, f"a {type(t).__name__}, which te's GEMMs do not take"
+
+
+def _own_block_copies(t, need_row: bool, need_col: bool) -> tuple[tuple | None, str]:
+    """An MXFP8 / NVFP4 tensor's needed copies as (mode, rd, rs, cd, cs), or (None, why) when one
+    is missing: each copy has its own blocks, so neither can be made from the other."""
+    rd, rs, cd, cs = t._parts()
+    for want, have, which in ((need_row, rd, "row-wise"), (need_col, cd, "column-wise")):
+        if want and have is None:
+            return None, (
+                f"an {type(t).__name__} without its {which} copy, which cannot be made from the "
+                "other copy (each has its own blocks)"
+            )
+    return _needed(t._mode, rd, rs, cd, cs, need_row, need_col), ""
 
 
 def input_operand(inp: QuantizedTensor, c: FP8Context, need_col: bool) -> tuple:
@@ -159,7 +197,7 @@ def input_operand(inp: QuantizedTensor, c: FP8Context, need_col: bool) -> tuple:
     one (column-wise): used as given, or te's error saying what to do."""
     r = c.recipe
     block_dim = r.x_block_scaling_dim if r.float8_block_scaling() else 0
-    op, why = quantized_operand(inp, c, block_dim, True, need_col)
+    op, why = quantized_operand(inp, c, block_dim, True, need_col, c.x_q[3])
     if op is None:
         raise ValueError(
             f"{c.owner}: inp: got {why}. A quantized input is used as it is (not quantized again), "
@@ -188,4 +226,4 @@ def grad_operand(dy: QuantizedTensor, c: FP8Context, need_row: bool, need_col: b
     made under another recipe): the caller dequantizes it and quantizes it like any gradient."""
     r = c.recipe
     block_dim = r.grad_block_scaling_dim if r.float8_block_scaling() else 0
-    return quantized_operand(dy, c, block_dim, need_row, need_col)[0]
+    return quantized_operand(dy, c, block_dim, need_row, need_col, c.g_q[3])[0]

@@ -50,7 +50,11 @@ def _variants(q) -> tuple:
 
 
 def _one_d(q) -> bool:
-    """Whether ``q`` makes 1x128 blocks (whose column-wise copy only the quantizer can make)."""
+    """Whether ``q``'s column-wise copy has blocks of its own that only the quantizer can make
+    (1x128 blocks; MXFP8's 32x1 and NVFP4's 16x1 column blocks), not an exact transpose of the
+    row-wise copy."""
+    if isinstance(q, MXFP8Quantizer | NVFP4Quantizer):
+        return not q.with_2d_quantization
     return isinstance(q, Float8BlockQuantizer) and q.block_scaling_dim == 1
 
 
@@ -74,8 +78,10 @@ def _reject_unimplemented(recipe, owner: str) -> None:
 
 
 def _nvfp4_quantizers(recipe, owner: str) -> tuple:
-    """(x, w, g) NVFP4 quantizers from the recipe's QParams (NUMERICS.md: RHT on the inputs' and
-    gradients' column-wise copies, 16x16 tiles for weights, stochastic rounding of gradients)."""
+    """(x, w, g, output, grad_input) NVFP4 quantizers from the recipe's QParams (output: the
+    input's, grad_input: the gradient's, as TE's NVFP4 recipe state makes them; NUMERICS.md: RHT
+    on the inputs' and gradients' column-wise copies, 16x16 tiles for weights, stochastic
+    rounding of gradients)."""
     inp, wt, grad = recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad
     # te_gemm needs the transform on both operands of a contraction or on neither: wgrad pairs
     # x's and dy's column-wise copies, dgrad pairs W's column-wise copy with dy's row-wise one.
@@ -95,7 +101,7 @@ def _nvfp4_quantizers(recipe, owner: str) -> tuple:
             stochastic_rounding=qp.stochastic_rounding,
         )
 
-    return q(inp), q(wt), q(grad)
+    return q(inp), q(wt), q(grad), q(inp), q(grad)
 
 
 def check_dims(owner: str, recipe, block: int, inp: torch.Tensor, features: tuple) -> None:
@@ -144,7 +150,10 @@ class FP8Context:
     the forward slot 2 ("output") and backward slot 1 ("grad_input") of the module's state;
     under current scaling the settings of the input / grad-output quantizers (they are the next
     GEMM's input / the previous GEMM's grad-output); under block scaling those too (1x128
-    blocks by default)."""
+    blocks by default), and under MXFP8BlockScaling the input's / grad-output's (1x32 / 32x1
+    blocks, never 32x32 tiles), and under NVFP4BlockScaling the input's / grad-output's QParams
+    (1x16 blocks; the Hadamard transform on the column-wise copy and stochastic rounding of
+    gradients as the recipe sets them)."""
 
     __slots__ = (
         "recipe",
@@ -227,14 +236,14 @@ class FP8Context:
             x = MXFP8Quantizer(fdt)
             w = MXFP8Quantizer(fdt, with_2d_quantization=recipe.enable_2d_quantization)
             g = MXFP8Quantizer(bdt)
+            # fp8_output / fp8_grad: the next GEMM's input / the previous GEMM's grad-output
+            o, gi = MXFP8Quantizer(fdt), MXFP8Quantizer(bdt)
             self.split = (None, None, None)  # no MMParams in the recipe: te_gemm's default
             self.block = 32
-            o = gi = None
         elif recipe.nvfp4():
-            x, w, g = _nvfp4_quantizers(recipe, owner)
+            x, w, g, o, gi = _nvfp4_quantizers(recipe, owner)
             self.split = (None, None, None)
             self.block = 16
-            o = gi = None
         else:
             raise NotImplementedError(
                 f"{owner}: {type(recipe).__name__} is not supported yet (custom quantizer "
@@ -242,36 +251,23 @@ class FP8Context:
                 "MXFP8BlockScaling or NVFP4BlockScaling"
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
-        # fp8_output / fp8_grad quantizers (None: not for MXFP8 / NVFP4 yet).
-        self.o_q = None if o is None else _variants(o)
-        self.gi_q = None if gi is None else _variants(gi)
+        self.o_q, self.gi_q = _variants(o), _variants(gi)  # fp8_output / fp8_grad
         # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
         self.packed_ok = all(q[3]._flat() is not None for q in (self.x_q, self.w_q, self.g_q))
 
     def output_quantizer(self, grad_enabled: bool):
         """The quantizer of a returned output (``fp8_output``): the row-wise copy the next GEMM's
         fprop reads, and with ``grad_enabled`` the column-wise copy its wgrad reads when that
-        copy cannot be made from the row-wise one later (1x128 blocks: each copy has its own
-        blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in TE: the consumer
-        makes the exact FP8 transpose if it needs one."""
-        if self.o_q is None:
-            raise self._no_io("fp8_output")
+        copy cannot be made from the row-wise one later (1x128 blocks, MXFP8 / NVFP4 blocks:
+        each copy has its own blocks). Per-tensor FP8 and 128x128 tiles are row-wise only, as in
+        TE: the consumer makes the exact FP8 transpose if it needs one."""
         return self.o_q[2 + (grad_enabled and _one_d(self.o_q[2]))]
 
     def grad_input_quantizer(self):
         """The quantizer of a returned input gradient (``fp8_grad``): row-wise (the previous
-        GEMM's dgrad) and, with 1x128 blocks, column-wise (its wgrad) too; see
+        GEMM's dgrad) and, with 1x128, MXFP8 or NVFP4 blocks, column-wise (its wgrad) too; see
         output_quantizer."""
-        if self.gi_q is None:
-            raise self._no_io("fp8_grad")
         return self.gi_q[2 + _one_d(self.gi_q[2])]
-
-    def _no_io(self, flag: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"{self.owner}: {flag}=True under {type(self.recipe).__name__} is not implemented in te "
-            "yet (its outputs would be MXFP8 / NVFP4 tensors); call without it, or use DelayedScaling, "
-            "Float8CurrentScaling or Float8BlockScaling"
-        )
 
     def weight(self, weight: torch.Tensor, first: bool | None, need_columnwise: bool):
         """The quantized weight: fresh (``first`` None: with the column-wise copy only when

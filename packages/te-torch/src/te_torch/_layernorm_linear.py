@@ -203,6 +203,8 @@ class LayerNormLinear(SingleGemmModule):
             return self.forward(inp, first)
         weight, bias = linear_params(self)
         c = self._gemm.context(s.recipe, s.group, weight.device)
+        if c.block:
+            check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
         c.register_forward()
         out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
         cfg = (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, out_q, gi_q)

@@ -62,7 +62,7 @@ class LayerNormLinearFn(torch.autograd.Function):
             out = gemm_quantized(
                 c, out_q, _operand(lnq, True, "x"), _operand(wq, True, "w"), False, True,
                 (*inp.shape[:-1], weight.shape[0]), inp.dtype, bias,
-                int(c.split[0]),
+                -1 if c.split[0] is None else int(c.split[0]),
             )  # fmt: skip
         ctx.save_for_backward(
             inp if need_dln else None,

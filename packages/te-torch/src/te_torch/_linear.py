@@ -184,7 +184,8 @@ class Linear(SingleGemmModule):
             the quantized copy; False: reuse the cached copy (gradient-accumulation microbatches).
         fp8_output: inside autocast, return y [..., out_features] quantized in the forward format
             (Float8Tensor for DelayedScaling / Float8CurrentScaling, Float8BlockwiseQTensor for
-            Float8BlockScaling) by this module's output quantizer (DelayedScaling: the output
+            Float8BlockScaling, MXFP8Tensor / NVFP4Tensor for MXFP8BlockScaling /
+            NVFP4BlockScaling) by this module's output quantizer (DelayedScaling: the output
             slot of its state), with y's nominal dtype; its gradient arrives in high precision.
         fp8_grad: inside autocast (and with grad enabled), the gradient of inp is returned
             quantized in the backward format (HYBRID: E5M2) by the grad-input quantizer
@@ -228,6 +229,8 @@ class Linear(SingleGemmModule):
             return self.forward(inp, first)
         weight, bias = linear_params(self)
         c = self._gemm.context(s.recipe, s.group, weight.device)
+        if c.block:
+            check_dims("Linear", c.recipe, c.block, inp, self._features)
         c.register_forward()
         out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
         out = LinearIOFn.apply(
