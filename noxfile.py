@@ -21,7 +21,7 @@ BUILD_DEPS = ("hatchling>=1.20", "cmake>=3.26", "ninja", "pybind11>=2.12", "jaxl
 TORCH = os.environ.get("TE_TORCH_SPEC", "torch==2.13.0")
 TEST_DEPS = ("pytest", "numpy", "ml_dtypes", "cuda-pathfinder", TORCH, "jax", "flax")
 CUBLAS_HEADERS_WHEEL = "nvidia-cublas>=13,<14"
-CPU_SUITE = ("tests/core", "tests/torch", "tests/jax", "tests/cpp", "tests/gpu")
+CPU_SUITE = ("tests/core", "tests/torch", "tests/jax", "tests/cpp", "tests/benchmarks", "tests/gpu")
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True

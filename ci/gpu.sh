@@ -49,5 +49,5 @@ kill "$smi_pid" 2>/dev/null
 for t in tests/gpu/test_*.py; do
   step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5
 done
-step cpu_suite python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp -p no:cacheprovider
+step cpu_suite python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp tests/benchmarks -p no:cacheprovider
 exit $status
