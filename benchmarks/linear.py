@@ -6,9 +6,11 @@ run). Rows, measured in the same run:
   te.Linear BF16 (no autocast)
   te.Linear under te.autocast with DelayedScaling, Float8CurrentScaling, Float8BlockScaling
   torchao float8 tensorwise and rowwise, with torch.compile (where torchao imports)
-End to end as a user sees it: CUDA events around the Python calls (host overhead included), after
-warm-up, each row in its own block of --iters steps (median), the torch baseline timed first
-and last (averaged). --json PATH writes every figure.
+End to end as a user sees it: CUDA events around the Python calls (host overhead included). Rows
+are timed in --rounds interleaved rounds (benchmarks/_rounds.py: the H200 runs these at its power
+cap, so its clocks drift with its recent load; a row's ratio is the median of its per-round ratios
+to torch's row of the same round); each round runs --warmup steps of a row, then takes the median
+of --iters. ms is the median over rounds. --json PATH writes every figure.
 """
 
 from __future__ import annotations
@@ -21,53 +23,26 @@ import sys
 
 import te_torch as te
 import torch
+from _rounds import cuda_event_ms, interleaved, ratio
 
 TOKENS = 16384
 SHAPES = [(4096, 4096), (4096, 16384)]
 
 
-def sequential_ms(steps: dict, iters: int, warmup: int = 10) -> dict:
-    """Median ms of each step (a failing step: its exception), each row timed in its own block of
-    consecutive steps (timing rows in turn let one row's cache and allocator state slow the next:
-    te's delayed-scaling step measured 1.54 ms alone and 1.84 ms interleaved with torchao's
-    compiled graphs on the H200). The first row (the torch baseline) is timed again last and the
-    two medians averaged, so drift over the run shows and is shared."""
-    out = {}
-    names = list(steps) + [next(iter(steps))]
-    for name in names:
-        step = steps[name]
-        try:
-            for _ in range(warmup):
-                step()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(iters):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                step()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-        except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
-            out[name] = e
-            continue
-        ms = statistics.median(times)
-        out[name] = (out[name] + ms) / 2 if name in out else ms
-    return out
-
-
 def fwd_bwd(module, x, dy, recipe=None):
-    if recipe is None:
+    """One training step of `module`: forward (under te.autocast when a recipe is given),
+    backward(dy), then the gradients dropped (set_to_none) as an optimizer loop does, so no row
+    pays for accumulating into .grad."""
 
-        def step():
-            module(x).backward(dy)
-
-    else:
-
-        def step():
+    def step():
+        if recipe is None:  # the peers' rows run no te code at all
+            y = module(x)
+        else:
             with te.autocast(recipe=recipe):
                 y = module(x)
-            y.backward(dy)
+        y.backward(dy)
+        module.zero_grad(set_to_none=True)
+        x.grad = None
 
     return step
 
@@ -90,7 +65,9 @@ def torchao_modules(ref: torch.nn.Module) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -116,18 +93,26 @@ def main() -> int:
         steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items()})
         steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
         print(f"\nLinear {k} -> {n}, fwd+bwd")
-        base = None
-        for name, ms in sequential_ms(steps, a.iters).items():
-            if isinstance(ms, Exception):
-                print(f"  {name:34s} FAILED: {type(ms).__name__}: {str(ms)[:200]}")
-                results.append({"shape": [TOKENS, k, n], "name": name, "error": str(ms)[:500]})
+        per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup)
+        base = next(iter(steps))
+        for name in steps:
+            row = {"shape": [TOKENS, k, n], "name": name}
+            results.append(row)
+            if name in failed or not per[name]:
+                e = failed.get(name)
+                row["error"] = f"{type(e).__name__}: {str(e)[:500]}" if e else "no round completed"
+                print(f"  {name:34s} FAILED: {row['error'][:200]}")
                 continue
-            base = ms if base is None else base
-            print(f"  {name:34s} {ms:8.3f} ms   {base / ms:5.2f}x torch BF16")
-            results.append({"shape": [TOKENS, k, n], "name": name, "ms": ms, "speedup": base / ms})
+            ms, speedup = statistics.median(per[name]), ratio(per, base, name)
+            row.update(ms=ms, ms_rounds=per[name], speedup=speedup)
+            print(f"  {name:34s} {ms:8.3f} ms   {speedup:5.2f}x torch BF16")
+        del steps
+        torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": results}, f, indent=1)
+            meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+            meta.update(rounds=a.rounds, iters=a.iters, warmup=a.warmup)
+            json.dump({"meta": meta, "rows": results}, f, indent=1)
     return 0
 
 
