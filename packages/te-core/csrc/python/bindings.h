@@ -48,5 +48,7 @@ void register_xla_ffi(pybind11::module_& m);
 
 // Adds the fused Linear steps (linear_step.cpp): quantize + GEMM in one call each way.
 void register_linear_step(pybind11::module_& m);
+// Adds the fused LayerNormLinear steps (layernorm_linear_step.cpp): one call each way.
+void register_layernorm_linear_step(pybind11::module_& m);
 
 }  // namespace te::python

@@ -256,7 +256,7 @@ NormGrads norm_grads(py::handle args, const char* arg) {
   n.dx = item_spec(t, 5, arg);
   n.dgamma = item_spec(t, 6, arg);
   n.dbeta = item_spec(t, 7, arg);
-  n.config = norm_config(PyTuple_GET_ITEM(t, 8), arg);
+  n.config = norm_config(PyTuple_GET_ITEM(t, 8), (std::string(arg) + "[8]").c_str());
   if (n.rms && (present(n.mu) || present(n.dbeta))) {
     throw py::value_error(std::string(arg) +
                           ": expected mu and dbeta None for RMSNorm (it has no mean or bias)");
