@@ -73,9 +73,10 @@ void register_linear_step(py::module_& m) {
       py::arg("dx").none(true), py::arg("dgrad_config").none(true), py::arg("dw").none(true),
       py::arg("wgrad_config").none(true), py::arg("stream"),
       "The Linear backward: dy quantized (a kind-0 operand; kind 1/2: given quantized), with "
-      "dbias (None: no bias gradient; kind 0 only) from the same pass; dx = dy w by dgrad_config (None dx: skipped) on dy's "
-      "row-wise and w's column-wise copies; dw = dy^T x by wgrad_config (beta 1 accumulates "
-      "into dw, e.g. an fp32 main_grad; None dw: skipped) on both column-wise copies.");
+      "dbias (None: no bias gradient; kind 0 only) from the same pass; dx = dy w by "
+      "dgrad_config (None dx: skipped) on dy's row-wise and w's column-wise copies; dw = dy^T x "
+      "by wgrad_config (beta 1 accumulates into dw, e.g. an fp32 main_grad; None dw: skipped) "
+      "on both column-wise copies.");
 }
 
 }  // namespace te::python

@@ -118,8 +118,9 @@ Operand operand(py::handle h, const char* arg) {
     te_tensor src{};
     fill_shape(src, PyTuple_GET_ITEM(t, 3), arg);
     src.device = device_of(item_int(t, 4, arg));
-    op.q = carve(static_cast<int32_t>(item_int(t, 1, arg)), static_cast<int32_t>(item_int(t, 2, arg)),
-                 src, item_ptr(t, 5, arg), item_ptr(t, 6, arg));
+    const auto mode = static_cast<int32_t>(item_int(t, 1, arg));
+    const auto fp8 = static_cast<int32_t>(item_int(t, 2, arg));
+    op.q = carve(mode, fp8, src, item_ptr(t, 5, arg), item_ptr(t, 6, arg));
   } else if (kind == 2 && n == 6) {
     op.q = te_quantized_tensor_init(static_cast<int32_t>(item_int(t, 1, arg)));
     op.q.rowwise_data = spec(PyTuple_GET_ITEM(t, 2), arg);
