@@ -791,4 +791,6 @@ PYBIND11_MODULE(_C, m) {
 
   register_xla_ffi(m);
   register_linear_step(m);
+  register_layernorm_linear_step(m);
+  register_layernorm_mlp_step(m);
 }

@@ -48,5 +48,9 @@ void register_xla_ffi(pybind11::module_& m);
 
 // Adds the fused Linear steps (linear_step.cpp): quantize + GEMM in one call each way.
 void register_linear_step(pybind11::module_& m);
+// Adds the fused LayerNormLinear / LayerNormMLP steps (layernorm_linear_step.cpp,
+// layernorm_mlp_step.cpp): one call each way.
+void register_layernorm_linear_step(pybind11::module_& m);
+void register_layernorm_mlp_step(pybind11::module_& m);
 
 }  // namespace te::python

@@ -252,7 +252,8 @@ class FP8Context:
             )
         self.x_q, self.w_q, self.g_q = _variants(x), _variants(w), _variants(g)
         self.o_q, self.gi_q = _variants(o), _variants(gi)  # fp8_output / fp8_grad
-        # te.Linear's fused eager step (_linear_step) takes formats a _flat() tuple describes.
+        # The fused eager steps (_linear_step, _layernorm_linear_step, _layernorm_mlp_step) take
+        # formats a _flat() tuple describes.
         self.packed_ok = all(q[3]._flat() is not None for q in (self.x_q, self.w_q, self.g_q))
 
     def output_quantizer(self, grad_enabled: bool):

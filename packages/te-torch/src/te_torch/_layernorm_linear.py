@@ -4,7 +4,8 @@ Outside ``te.autocast`` it runs te's norm kernel and torch's F.linear in high pr
 te_torch._layernorm_linear_fn.LayerNormLinearFn has the norm kernel write the GEMM's quantized
 input (both copies) directly, then runs the quantized GEMMs as te.Linear does (same recipes,
 quantizers, delayed-scaling state, weight cache, main_grad fusion and ``_extra_state`` format),
-and TE's ``fp8_output`` / ``fp8_grad`` as te.Linear's (_fp8_io).
+and TE's ``fp8_output`` / ``fp8_grad`` as te.Linear's (_fp8_io). Eagerly each direction is
+one fused call into te-core (_layernorm_linear_step), as te.Linear's step.
 """
 
 from __future__ import annotations

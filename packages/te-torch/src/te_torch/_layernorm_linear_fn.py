@@ -21,17 +21,21 @@ TE's ``fp8_output`` / ``fp8_grad`` (_fp8_io): with an output quantizer y is retu
 with a grad-input quantizer the returned dx (the norm backward's, in x's dtype) is quantized, so
 the preceding te layer reads it as it is. A quantized dy (the next layer's ``fp8_grad``) is the
 dgrad / wgrad operand as it is, its bias gradient the column sums of its dequantized values.
+
+Eagerly, without ``return_layernorm_output`` / ``fp8_output`` / ``fp8_grad`` and for the formats
+te.Linear's fused step takes, each direction is one fused call (_layernorm_linear_step) with the
+same C calls; what it does not cover runs op by op as above.
 """
 
 from __future__ import annotations
 
 import torch
 
-from te_torch import _fused
+from te_torch import _fused, _layernorm_linear_step
 from te_torch._fp8_io import gemm_quantized, grad_tensor
 from te_torch._gemm_state import FP8Context
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
-from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch.functional import _operand, gemm, gemm_dgrad
 
 _Tensor = torch.Tensor
@@ -43,7 +47,12 @@ class LayerNormLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, weight, bias, c: FP8Context, first, fuse_wgrad: bool, cfg: tuple):
-        rms, eps, zcg, return_ln, out_q, _ = cfg
+        rms, eps, zcg, return_ln, out_q, gi_q = cfg
+        if c.packed_ok and not return_ln and out_q is None and gi_q is None and is_eager(inp):
+            return _layernorm_linear_step.forward(
+                ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad, cfg[:3]
+            )
+        ctx.packed = False
         need_dln = any_requires_grad(inp, ln_w, ln_b)
         need_dw = weight.requires_grad
         xq_q = c.x_q[2 + need_dw]
@@ -82,6 +91,8 @@ class LayerNormLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, d_ln_out=None):
+        if ctx.packed:
+            return _layernorm_linear_step.backward(ctx, dy)
         c = ctx.c
         rms, _, zcg, _, _, gi_q = ctx.cfg
         need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]

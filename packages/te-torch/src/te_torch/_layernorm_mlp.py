@@ -4,6 +4,7 @@ Outside ``te.autocast`` it runs te's norm and activation kernels with torch's F.
 precision. Inside, te_torch._layernorm_mlp_fn.LayerNormMLPFn fuses each step's output with the
 quantization the next GEMM needs (the norm writes FC1's FP8 input, the activation writes FC2's;
 in backward the activation's gradient is FC1's quantized grad-output plus FC1's bias gradient).
+Eagerly each direction is one fused call into te-core (_layernorm_mlp_step).
 FC1 and FC2 each have their own recipe state (_gemm_state.GemmState), saved in ``_extra_state``
 as ``{"fc1": ..., "fc2": ...}``.
 

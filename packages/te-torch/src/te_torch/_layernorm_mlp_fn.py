@@ -19,14 +19,19 @@ Backward:
     dx, dgamma, dbeta = norm_bwd(dln, x, mu, rsigma, gamma)
 
 Weight gradients go into ``main_grad`` with fuse_wgrad_accumulation, as te.Linear's.
+
+Eagerly, without ``return_layernorm_output`` and for the formats te.Linear's fused step takes,
+each direction is one fused call (_layernorm_mlp_step) with the same C calls; what it does not
+cover runs op by op as above.
 """
 
 from __future__ import annotations
 
 import torch
 
-from te_torch import _fused
+from te_torch import _fused, _layernorm_mlp_step
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
+from te_torch._quantized_tensor import is_eager
 from te_torch.functional import gemm, gemm_dgrad
 
 
@@ -43,6 +48,17 @@ class LayerNormMLPFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
         rms, eps, zcg, kind, return_ln = cfg
+        if (
+            c1.packed_ok
+            and c2.packed_ok
+            and not return_ln
+            and is_eager(inp)
+            and _layernorm_mlp_step.takes(inp, ln_w, ln_b, w1, b1)
+        ):
+            return _layernorm_mlp_step.forward(
+                ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad, cfg
+            )
+        ctx.packed = False
         need_dln = any_requires_grad(inp, ln_w, ln_b)
         need_dw1 = w1.requires_grad
         # FC1's grad-output exists when anything below the activation needs a gradient.
@@ -83,6 +99,8 @@ class LayerNormMLPFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, d_ln_out=None):
+        if ctx.packed:
+            return _layernorm_mlp_step.backward(ctx, dy)
         c1, c2 = ctx.c
         rms, _, zcg, kind, _ = ctx.cfg
         need_dx, need_dlnw, need_dlnb, need_dw1, need_db1, need_dw2, need_db2 = ctx.needs_input_grad[:7]

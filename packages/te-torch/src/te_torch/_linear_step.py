@@ -36,6 +36,43 @@ def _stored_operand(op: tuple) -> tuple:
     return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
 
 
+def weight_plan(c, weight: torch.Tensor, first, need_col: bool) -> tuple:
+    """How a step gets its quantized weight: (wq, row bytes, col bytes, keep). A fresh weight is
+    quantized by ``wq`` (its quantizer's _flat()) into packed copies of those sizes (col 0: no
+    column-wise copy); a stored quantized weight or is_first_microbatch's cached copy is read as
+    it is (``keep``: its parts, alive until backward even if re-cached; wq None)."""
+    if first is None and not isinstance(weight, QuantizedTensor):
+        wq = c.w_q[3]._flat()
+        wr, wc = packed(wq[0], wq[1], weight.shape)
+        return wq, wr, wc if need_col else 0, None
+    return None, 0, 0, c.weight_operand(weight, first, need_col)
+
+
+def weight_operands(weight: torch.Tensor, plan: tuple, dev: int, row: int, col: int) -> tuple:
+    """(forward operand, backward operand) of weight_plan's weight, fresh copies at row / col."""
+    wq, _, wc, keep = plan
+    if wq is None:
+        op = _stored_operand(keep)
+        return op, op
+    col = col if wc else 0
+    w_spec = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
+    return (0, w_spec, wq, row, col), (1, wq[0], wq[1], weight.shape, dev, 0, col)
+
+
+def gemm_bias(bias, dtype: torch.dtype):
+    """The bias as the GEMM epilogue reads it: fp32 or the output's dtype, contiguous."""
+    if bias is not None:
+        if bias.dtype != dtype and bias.dtype != torch.float32:
+            return bias.to(dtype)
+        if not bias.is_contiguous():
+            return bias.contiguous()
+    return bias
+
+
+def fprop_config(c, bias) -> _C.GemmConfig:
+    return gemm_config(False, True, False, _DEFAULT if bias is None else _BIAS, False, _split(c.split[0]))
+
+
 def column_sums(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bias gradient when dy is not quantized here (no other gradient needed, or dy came
     quantized)."""
@@ -57,16 +94,8 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     xr, xc = packed(xq[0], xq[1], inp.shape)
     if not need_dw:
         xc = 0
-    keep = None  # what must outlive the forward besides `saved` (a cached or stored weight)
-    if first is None and not isinstance(weight, QuantizedTensor):
-        wq = c.w_q[3]._flat()
-        wr, wc = packed(wq[0], wq[1], weight.shape)
-        if not need_dx:
-            wc = 0
-    else:  # stored quantized, or is_first_microbatch's cached copy: its parts as they are
-        keep = c.weight_operand(weight, first, need_dx)  # alive until backward, even if re-cached
-        w_fwd = w_bwd = _stored_operand(keep)
-        wr = wc = 0
+    plan = weight_plan(c, weight, first, need_dx)
+    _, wr, wc, keep = plan
     tmp = _empty(xr + wr, dtype=_U8, device=device)
     tp = tmp.data_ptr()
     saved = sp = None
@@ -74,21 +103,13 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         saved = _empty(xc + wc, dtype=_U8, device=device)
         sp = saved.data_ptr()
     x_fwd = (0, (inp.data_ptr(), TE_DTYPE[inp.dtype], inp.shape, dev), xq, tp, sp if xc else 0)
-    if wr:  # fresh weight: quantized here, its column-wise copy after x's in `saved`
-        w_spec = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
-        w_fwd = (0, w_spec, wq, tp + xr, sp + xc if wc else 0)
-        w_bwd = (1, wq[0], wq[1], weight.shape, dev, 0, sp + xc if wc else 0)
-    if bias is not None:
-        if bias.dtype != inp.dtype and bias.dtype != torch.float32:
-            bias = bias.to(inp.dtype)
-        elif not bias.is_contiguous():
-            bias = bias.contiguous()
+    w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + xr, (sp or 0) + xc)
+    bias = gemm_bias(bias, inp.dtype)
     out_shape = (*inp.shape[:-1], weight.shape[0])
     out = _empty(out_shape, dtype=inp.dtype, device=device)
-    config = gemm_config(False, True, False, _DEFAULT if bias is None else _BIAS, False, _split(c.split[0]))
     _linear_fwd(
-        x_fwd, w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev), config,
-        _raw_stream(dev) if dev >= 0 else 0,
+        x_fwd, w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
+        fprop_config(c, bias), _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
@@ -103,68 +124,95 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     return out
 
 
+def given_grad(dy, c, need_row: bool, need_col: bool, b_dtype) -> tuple:
+    """(dy, g, db, parts): a quantized ``dy`` (the next layer's ``fp8_grad``) is the GEMMs'
+    operand as it is (g, kind 2: addresses only, so the caller keeps ``parts`` alive until the
+    call, a copy made for it among them), its bias gradient (``b_dtype`` not None) the column
+    sums of its dequantized values (as in _linear_fn._backward); in another recipe's format (or
+    when no GEMM reads it) it is dequantized, and a plain ``dy`` stays as it is (g None)."""
+    if type(dy) is torch.Tensor or not isinstance(dy, QuantizedTensor):
+        return dy, None, None, None
+    gq = grad_operand(dy, c, need_row, need_col) if need_row or need_col else None
+    if gq is None:
+        return dy.dequantize(), None, None, None
+    db = None if b_dtype is None else column_sums(dy.dequantize(torch.float32), b_dtype)
+    return dy, _stored_operand(gq), db, gq
+
+
+def grad_copies(c, dy: torch.Tensor, need_row: bool, need_col: bool, extra: int) -> tuple:
+    """(g, tmp, extra_ptr): dy as the kind-0 operand quantized into one temporary buffer, its
+    row-wise copy (dgrad) and/or column-wise copy (wgrad), followed by ``extra`` bytes of scratch
+    for the caller (a multiple of 256) at extra_ptr."""
+    gq = c.g_q[3]._flat()
+    gr, gc = packed(gq[0], gq[1], dy.shape)
+    gr, gc = (gr if need_row else 0), (gc if need_col else 0)
+    tmp = _empty(gr + gc + extra, dtype=_U8, device=dy.device)
+    tp = tmp.data_ptr()
+    src = (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dy.get_device())
+    return (0, src, gq, tp if gr else 0, tp + gr if gc else 0), tmp, tp + gr + gc
+
+
+def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, device) -> tuple:
+    """(dw, dw spec, wgrad config): a new weight gradient, or with ``fuse`` (dw None) the GEMM
+    accumulating into ``weight.main_grad`` (overwriting with ``weight.overwrite_main_grad``)."""
+    split = _split(c.split[2])
+    if not fuse:
+        dw = _empty(shape, dtype=dtype, device=device)
+        config = gemm_config(True, False, False, _DEFAULT, False, split)
+        return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), config
+    main_grad = weight.main_grad
+    if main_grad.dtype != torch.float32 or not main_grad.is_contiguous():
+        raise ValueError(
+            "weight.main_grad: expected a contiguous fp32 tensor (fuse_wgrad_accumulation "
+            f"accumulates into it), got {main_grad.dtype} with strides {tuple(main_grad.stride())}"
+        )
+    accumulate = not getattr(weight, "overwrite_main_grad", False)
+    dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, dev)
+    return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, split)
+
+
+def mark_main_grad(weight) -> None:
+    """Megatron's flag that the weight gradient went into main_grad (when the weight has it)."""
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+
+
+def dgrad_config(c) -> _C.GemmConfig:
+    return gemm_config(False, False, False, _DEFAULT, False, _split(c.split[1]))
+
+
 def backward(ctx, dy: torch.Tensor) -> tuple:
-    """LinearFn.backward, eagerly: (dx, dw, db, None, None, None). A quantized ``dy`` (the next
-    layer's ``fp8_grad``) is the GEMMs' operand as it is, its bias gradient the column sums of
-    its dequantized values (as in _linear_fn._backward)."""
+    """LinearFn.backward, eagerly: (dx, dw, db, None, None, None); a quantized ``dy`` as in
+    given_grad."""
     c = ctx.c
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    g = db = None
-    if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
-        gq = grad_operand(dy, c, need_dx, need_dw) if need_dx or need_dw else None
-        if gq is None:  # another recipe's format (or no GEMM reads it): as a plain gradient
-            dy = dy.dequantize()
-        else:
-            g = _stored_operand(gq)
-            if need_db:
-                db = column_sums(dy.dequantize(torch.float32), ctx.b_dtype)
-                need_db = False
+    dy, g, db, parts = given_grad(dy, c, need_dx, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dx or need_dw):
-        return None, None, column_sums(dy, ctx.b_dtype) if need_db else db, None, None, None
+        return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None
     if g is None and not dy.is_contiguous():
         dy = dy.contiguous()
     dev = dy.get_device()
     device = dy.device
     c.register_backward()
     if g is None:
-        gq = c.g_q[3]._flat()
-        gr, gc = packed(gq[0], gq[1], dy.shape)
-        if not need_dx:
-            gr = 0
-        if not need_dw:
-            gc = 0
-        tmp = _empty(gr + gc, dtype=_U8, device=device)
-        tp = tmp.data_ptr()
-        g = (0, (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dev), gq, tp if gr else 0, tp + gr if gc else 0)
+        g, tmp, _ = grad_copies(c, dy, need_dx, need_dw, 0)
+    else:
+        need_db = False  # summed by given_grad
     if need_db:
         db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device)
     dx = dx_spec = dgrad = None
     if need_dx:
         dx = _empty(ctx.x_shape, dtype=dy.dtype, device=device)
         dx_spec = (dx.data_ptr(), TE_DTYPE[dx.dtype], ctx.x_shape, dev)
-        dgrad = gemm_config(False, False, False, _DEFAULT, False, _split(c.split[1]))
+        dgrad = dgrad_config(c)
     dw = dw_spec = wgrad = None
     if need_dw:
-        split = _split(c.split[2])
-        if ctx.fuse:
-            w = ctx.weight
-            main_grad = w.main_grad
-            if main_grad.dtype != torch.float32 or not main_grad.is_contiguous():
-                raise ValueError(
-                    "weight.main_grad: expected a contiguous fp32 tensor (fuse_wgrad_accumulation "
-                    f"accumulates into it), got {main_grad.dtype} with strides {tuple(main_grad.stride())}"
-                )
-            accumulate = not getattr(w, "overwrite_main_grad", False)
-            dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, dev)
-            wgrad = gemm_config(True, False, accumulate, _DEFAULT, False, split)
-        else:
-            dw = _empty(ctx.w_shape, dtype=ctx.w_dtype, device=device)
-            dw_spec = (dw.data_ptr(), TE_DTYPE[dw.dtype], ctx.w_shape, dev)
-            wgrad = gemm_config(True, False, False, _DEFAULT, False, split)
+        dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, ctx.w_shape, ctx.w_dtype, dev, device)
     _linear_bwd(
         g, spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
         _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
-    if need_dw and ctx.fuse and hasattr(ctx.weight, "grad_added_to_main_grad"):
-        ctx.weight.grad_added_to_main_grad = True
+    del parts  # alive until here
+    if need_dw and ctx.fuse:
+        mark_main_grad(ctx.weight)
     return dx, dw, db, None, None, None

@@ -137,9 +137,10 @@ class Quantizer:
         raise NotImplementedError
 
     def _flat(self) -> tuple | None:
-        """(mode, te fp8 dtype, QuantConfig, amax, scale) as te_core._C.linear_fwd / linear_bwd
-        take a quantization (csrc/python/linear_step.cpp), or None where those fused steps do not
-        apply (formats with more state than that: MXFP8 / NVFP4)."""
+        """(mode, te fp8 dtype, QuantConfig, amax, scale) as te_core._C's fused steps (linear_fwd /
+        linear_bwd, layernorm_linear_*, layernorm_mlp_*; csrc/python/step_operands.h) take a
+        quantization, or None where those steps do not apply (formats with more state than
+        that: MXFP8 / NVFP4)."""
         return None
 
     def _fused_spec(self, eager: bool = True) -> QuantSpec:

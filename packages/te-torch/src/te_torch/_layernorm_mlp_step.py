@@ -1,0 +1,182 @@
+"""te.LayerNormMLP's eager FP8 step as two calls into te_core._C
+(csrc/python/layernorm_mlp_step.cpp), as te.Linear's (_linear_step):
+
+    forward   _C.layernorm_mlp_fwd: the norm writes FC1's packed input copies and mu / rsigma,
+              FC1 GEMM (+b1) into the pre-activation h, the activation writes FC2's packed input
+              copies, FC2 GEMM (+b2); fresh weights are quantized into packed copies too
+              tmp   = [ln row | W1 row | act row | W2 row]              dead once FC2 has run
+              saved = [ln col | W1 col | act col | W2 col | h | mu | rsigma]
+              (each only when a gradient reads it; h, mu / rsigma go to tmp when none does)
+    backward  _C.layernorm_mlp_bwd: FC2's linear_bwd (dy quantized with db2, dgrad into da,
+              wgrad), the activation backward writing FC1's packed grad copies and db1, FC1's
+              GEMMs (dgrad into dln), the norm backward
+              tmp   = [dy row | dy col | da | g1 row | g1 col | dln]
+
+The numerics are the op-by-op path's (LayerNormMLPFn): the same C calls with the same arguments.
+LayerNormMLPFn takes this path eagerly for the formats te.Linear's step takes
+(``FP8Context.packed_ok``: per-tensor and block FP8, not MXFP8 / NVFP4) and runs op by op under
+torch.compile tracing, with ``return_layernorm_output``, and when FC1's bias is the only thing
+below the activation that needs a gradient. A quantized dy (a next layer's ``fp8_grad``) is
+dequantized first.
+"""
+
+from __future__ import annotations
+
+import torch
+from te_core import _C
+
+from te_torch._dtypes import TE_DTYPE
+from te_torch._fused_kernels import activation_out_shape, norm_config
+from te_torch._kernels import _raw_stream, packed, spec
+from te_torch._layernorm_linear_step import contiguous, norm_grads, save_norm, scratch, stats, stats_bytes
+from te_torch._linear_step import (
+    column_sums,
+    dgrad_config,
+    fprop_config,
+    gemm_bias,
+    grad_copies,
+    mark_main_grad,
+    weight_operands,
+    weight_plan,
+    wgrad_target,
+)
+from te_torch._quantized_tensor import QuantizedTensor
+
+_U8 = torch.uint8
+_empty = torch.empty
+_fwd = _C.layernorm_mlp_fwd
+_bwd = _C.layernorm_mlp_bwd
+
+
+def takes(inp, ln_w, ln_b, w1, b1) -> bool:
+    """Whether the fused step covers this call's gradients: it always quantizes FC1's gradient,
+    so not when FC1's bias is the only thing below the activation that needs one."""
+    if b1 is None or not b1.requires_grad or w1.requires_grad or inp.requires_grad:
+        return True
+    return ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
+
+
+def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
+    """LayerNormMLPFn.forward, eagerly (see the module docstring)."""
+    rms, eps, zcg, kind, _ = cfg
+    need_dln = inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
+    need_dw1, need_dw2 = w1.requires_grad, w2.requires_grad
+    need_dh = need_dln or need_dw1 or (b1 is not None and b1.requires_grad)
+    inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
+    dev = inp.get_device()
+    device = inp.device
+    dtype = inp.dtype
+    lead = inp.shape[:-1]
+    h_shape = torch.Size((*lead, w1.shape[0]))
+    a_shape = activation_out_shape(h_shape, kind)
+    xq1, xq2 = c1.x_q[3]._flat(), c2.x_q[3]._flat()
+    lr, lc = packed(xq1[0], xq1[1], inp.shape)
+    ar, ac = packed(xq2[0], xq2[1], a_shape)
+    lc, ac = (lc if need_dw1 else 0), (ac if need_dw2 else 0)
+    plan1, plan2 = weight_plan(c1, w1, first, need_dln), weight_plan(c2, w2, first, need_dh)
+    w1r, w1c, w2r, w2c = plan1[1], plan1[2], plan2[1], plan2[2]
+    rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
+    hn, sn = scratch(h_shape.numel() * inp.element_size()), stats_bytes(rows, rms)
+    tn = lr + w1r + ar + w2r
+    kn = lc + w1c + ac + w2c
+    tmp = _empty(tn + (0 if need_dh else hn) + (0 if need_dln else sn), dtype=_U8, device=device)
+    tp = tmp.data_ptr()
+    saved = None
+    sp = 0
+    if kn + (hn if need_dh else 0) + (sn if need_dln else 0):
+        saved = _empty(kn + (hn if need_dh else 0) + (sn if need_dln else 0), dtype=_U8, device=device)
+        sp = saved.data_ptr()
+    h_ptr = sp + kn if need_dh else tp + tn
+    h = (h_ptr, TE_DTYPE[dtype], h_shape, dev)
+    if need_dln:
+        mu, rsigma = stats(rows, rms, sp + kn + (hn if need_dh else 0), dev)
+    else:
+        mu, rsigma = stats(rows, rms, tp + tn + (0 if need_dh else hn), dev)
+    w1_fwd, w1_bwd = weight_operands(w1, plan1, dev, tp + lr, sp + lc)
+    w2_fwd, w2_bwd = weight_operands(w2, plan2, dev, tp + lr + w1r + ar, sp + lc + w1c + ac)
+    b1_dtype = None if b1 is None else b1.dtype
+    b1, b2 = gemm_bias(b1, dtype), gemm_bias(b2, dtype)
+    out_shape = (*lead, w2.shape[0])
+    out = _empty(out_shape, dtype=dtype, device=device)
+    _fwd(
+        rms, spec(inp), spec(ln_w), spec(ln_b), (xq1, tp, sp if lc else 0), mu, rsigma,
+        norm_config(eps, zcg), w1_fwd, spec(b1), h, fprop_config(c1, b1), kind,
+        (xq2, tp + lr + w1r, sp + lc + w1c if ac else 0), w2_fwd, spec(b2),
+        (out.data_ptr(), TE_DTYPE[dtype], out_shape, dev), fprop_config(c2, b2),
+        _raw_stream(dev) if dev >= 0 else 0,
+    )  # fmt: skip
+    ctx.packed = True
+    ctx.saved_buf = saved
+    ctx.keep = plan1[3], plan2[3]
+    ctx.ln_bwd = (1, xq1[0], xq1[1], inp.shape, dev, 0, sp) if lc else None
+    ctx.a_bwd = (1, xq2[0], xq2[1], a_shape, dev, 0, sp + lc + w1c) if ac else None
+    ctx.w_bwd = w1_bwd if need_dln else None, w2_bwd if need_dh else None
+    ctx.h = h if need_dh else None
+    save_norm(ctx, inp, ln_w, ln_b, rms, zcg, mu, rsigma, need_dln)
+    ctx.x_shape, ctx.h_shape, ctx.a_shape = inp.shape, h_shape, a_shape
+    ctx.c, ctx.fuse, ctx.kind = (c1, c2), fuse_wgrad, kind
+    ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
+    ctx.w_shapes, ctx.w_dtypes = (w1.shape, w2.shape), (w1.dtype, w2.dtype)
+    # db1 in b1's own dtype, db2 in the dtype FC2's GEMM read it in (as LayerNormMLPFn)
+    ctx.b_dtypes = b1_dtype, None if b2 is None else b2.dtype
+    return out
+
+
+def backward(ctx, dy: torch.Tensor) -> tuple:
+    """LayerNormMLPFn.backward, eagerly: (dx, dgamma, dbeta, dw1, db1, dw2, db2, None x 5)."""
+    c1, c2 = ctx.c
+    need_dx, need_dlnw, need_dlnb, need_dw1, need_db1, need_dw2, need_db2 = ctx.needs_input_grad[:7]
+    need_dln = need_dx or need_dlnw or need_dlnb
+    need_dh = need_dln or need_dw1 or need_db1
+    if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+        dy = dy.dequantize()
+    if not (need_dh or need_dw2):
+        db2 = column_sums(dy, ctx.b_dtypes[1]) if need_db2 else None
+        return None, None, None, None, None, None, db2, None, None, None, None, None
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
+    dev = dy.get_device()
+    device = dy.device
+    c2.register_backward()
+    shape, h_shape, a_shape = ctx.x_shape, ctx.h_shape, ctx.a_shape
+    item = dy.element_size()
+    g1q = c1.g_q[3]._flat()
+    g1r = g1c = dn = an = 0
+    if need_dh:
+        an = scratch(a_shape.numel() * item)
+        g1r, g1c = packed(g1q[0], g1q[1], h_shape)
+        g1r, g1c = (g1r if need_dln else 0), (g1c if need_dw1 else 0)
+        dn = scratch(shape.numel() * item) if need_dln else 0
+    g2, tmp, ep = grad_copies(c2, dy, need_dh, need_dw2, an + g1r + g1c + dn)
+    db2 = _empty((dy.shape[-1],), dtype=ctx.b_dtypes[1], device=device) if need_db2 else None
+    fuse, (w1, w2) = ctx.fuse, ctx.weights
+    (w1_shape, w2_shape), (w1_dtype, w2_dtype) = ctx.w_shapes, ctx.w_dtypes
+    dw2 = dw2_spec = wgrad2 = None
+    if need_dw2:
+        dw2, dw2_spec, wgrad2 = wgrad_target(c2, fuse, w2, w2_shape, w2_dtype, dev, device)
+    w1_bwd, w2_bwd = ctx.w_bwd
+    fc1 = norm = dx = dlnw = dlnb = dw1 = db1 = da = None
+    if need_dh:
+        da = (ep, TE_DTYPE[dy.dtype], a_shape, dev)
+        c1.register_backward()
+        db1 = _empty((h_shape[-1],), dtype=ctx.b_dtypes[0], device=device) if need_db1 else None
+        dln = dgrad1 = None
+        if need_dln:
+            dln = (ep + an + g1r + g1c, TE_DTYPE[dy.dtype], shape, dev)
+            dgrad1 = dgrad_config(c1)
+            dx, dlnw, dlnb, norm = norm_grads(ctx, shape, device, need_dlnb)
+        dw1_spec = wgrad1 = None
+        if need_dw1:
+            dw1, dw1_spec, wgrad1 = wgrad_target(c1, fuse, w1, w1_shape, w1_dtype, dev, device)
+        g1 = (g1q, ep + an if g1r else 0, ep + an + g1r if g1c else 0)
+        fc1 = (g1, spec(db1), ctx.ln_bwd, w1_bwd, dln, dgrad1, dw1_spec, wgrad1)
+    fc2 = (g2, spec(db2), ctx.a_bwd, w2_bwd, da, dgrad_config(c2) if need_dh else None, dw2_spec, wgrad2)
+    _bwd(fc2, ctx.kind, ctx.h, fc1, norm, _raw_stream(dev) if dev >= 0 else 0)
+    del tmp  # alive until here
+    if fuse:
+        if need_dw1:
+            mark_main_grad(w1)
+        if need_dw2:
+            mark_main_grad(w2)
+    dx, dlnw = (dx if need_dx else None), (dlnw if need_dlnw else None)
+    return dx, dlnw, dlnb, dw1, db1, dw2, db2, None, None, None, None, None

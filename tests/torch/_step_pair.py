@@ -1,0 +1,80 @@
+"""Helpers of the fused-step tests (test_layernorm_linear_step.py, test_layernorm_mlp_step.py):
+two copies of a module, one on the fused eager step and one op by op (``packed_ok`` off), run
+on the same data and compared bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import te_torch as te
+import torch
+
+RECIPES = {
+    "delayed": lambda: te.recipe.DelayedScaling(amax_history_len=4),
+    "current": te.recipe.Float8CurrentScaling,
+    "block": te.recipe.Float8BlockScaling,
+}
+
+
+def pair(make, recipe_name: str) -> tuple:
+    """(fused module, op-by-op copy, recipe)."""
+    torch.manual_seed(0)
+    a = make()
+    with torch.no_grad():  # non-trivial norm parameters and biases
+        for name, p in a.named_parameters():
+            if name == "layer_norm_weight":
+                p.normal_(0.0 if a.zero_centered_gamma else 1.0, 0.3)
+            elif "bias" in name:
+                p.normal_(0.0, 0.3)
+    return a, copy.deepcopy(a), RECIPES[recipe_name]()
+
+
+def step(m, x, dy, recipe, fused: bool, **fwd):
+    """One forward + backward of ``m`` under ``recipe`` on the fused step or op by op."""
+    for g in m._gemms.values():
+        g.context(recipe, None, x.device).packed_ok = fused
+    with te.autocast(recipe=recipe):
+        y = m(x, **fwd)
+    y.backward(dy)
+    return y
+
+
+def grads(m, x) -> list:
+    """x's gradient and every parameter's (main_grad where the parameter has one)."""
+    out = [x.grad]
+    for p in m.parameters():
+        out.append(p.main_grad if hasattr(p, "main_grad") else p.grad)
+    return out
+
+
+def assert_same(got, want) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if w is None:
+            assert g is None, i
+        else:
+            assert g is not None and g.dtype == w.dtype and torch.equal(g, w), (i, (g - w).abs().max())
+
+
+def assert_same_state(a, b) -> None:
+    """The delayed-scaling state (amax histories, scales) of both modules."""
+    sa, sb = a.state_dict()["_extra_state"], b.state_dict()["_extra_state"]
+    assert sa.keys() == sb.keys()
+    for key, value in sa.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                assert torch.equal(v, sb[key][k]), (key, k)
+        else:
+            assert torch.equal(value, sb[key]), key
+
+
+def calls(monkeypatch, module, name: str) -> list:
+    """Counts the calls of ``module.name`` (a fused entry point) while the test runs."""
+    seen = []
+    f = getattr(module, name)
+
+    def counted(*args):
+        seen.append(1)
+        return f(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return seen
