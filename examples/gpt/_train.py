@@ -133,7 +133,7 @@ def train(
     # On the device up front: a per-step host-to-device copy would wait for the queued work.
     offsets = train_offsets(train_data.numel(), p.model.seq, p.batch, p.steps, p.seed).to(device)
     losses = torch.full((p.steps,), float("nan"), device=device)
-    bar = progress(p.steps, f"{p.name} {recipe_name:>7}") if show_progress else None
+    bar = progress(p.steps, f"{p.name} {recipe_name:>7} seed {p.seed}") if show_progress else None
     diverged_at, t0, timed_steps, done = None, None, 0, 0
     for step in range(p.steps):
         if step == p.timing_skip:

@@ -1,6 +1,7 @@
 """The GPT demo (examples/gpt) on the CPU: its model against a plain-torch forward, its data and
 schedule against their definitions (GPU.md's convergence task), a few training steps under every
-recipe, and an end-to-end run that writes the table, the JSON and the PNG."""
+recipe, combining several seeds' runs into one row, and end-to-end runs that write the table, the
+JSON and the PNG."""
 
 import json
 import math
@@ -22,7 +23,9 @@ from _data import Corpus, held_out_starts, load_corpus, stdlib_files, train_offs
 from _model import GPT, GPTConfig  # noqa: E402
 from _plot import smooth  # noqa: E402
 from _png import Canvas  # noqa: E402
-from _presets import RECIPES, Preset  # noqa: E402
+from _presets import PRESETS, RECIPES, TE_REFERENCE, Preset  # noqa: E402
+from _report import checks_against_te, gap_pct, table  # noqa: E402
+from _seeds import combine  # noqa: E402
 from _train import lr_at, train  # noqa: E402
 
 TINY = GPTConfig(seq=32, layers=1, hidden=128, heads=2, ffn=256)
@@ -212,3 +215,133 @@ def test_demo_reports_a_failing_recipe_and_goes_on(tmp_path, capsys, monkeypatch
     assert results[0]["error"] == "RuntimeError: injected failure" and "losses" not in results[0]
     assert len(results[1]["losses"]) == 3
     assert (tmp_path / "gpt_cpu-small.png").exists()
+
+
+def test_presets_seeds():
+    assert {n: p.seeds for n, p in PRESETS.items()} == {"cpu-small": 1, "gpu-convergence": 3, "gpu-large": 1}
+    p = PRESETS["gpu-convergence"]
+    assert p.seed_list == [1234, 1235, 1236]
+    assert p.with_seed(7).seed == 7 and p.with_seed(7).with_steps(5).seed_list == [7, 8, 9]
+    with pytest.raises(ValueError, match="Preset.with_seed: seed: expected an int, got 1.5"):
+        p.with_seed(1.5)
+
+
+def run(recipe, seed, held, final=2.0, ms=10.0, peak=100.0, diverged_at=None):
+    """A hand-made result of train() for one seed, as run_preset hands it to combine."""
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "losses": [3.0, float(seed)],
+        "final_loss": final,
+        "held_out_loss": held,
+        "ms_per_step": ms,
+        "tokens_per_s": 1000.0 / ms * 1e3,
+        "peak_mib": peak,
+        "memory_kind": "peak RSS",
+        "diverged_at": diverged_at,
+    }
+
+
+def test_combine_means_spread_median_max():
+    runs = [
+        run("delayed", 1, 1.50, final=2.0, ms=10.0, peak=100.0),
+        run("delayed", 2, 1.56, final=2.3, ms=30.0, peak=130.0),
+        run("delayed", 3, 1.53, final=2.1, ms=12.0, peak=110.0),
+    ]
+    row = combine(runs, tokens_per_step=1000)
+    assert row["losses"] == [3.0, 1.0] and row["seed"] == 1  # the first seed's curve, for the PNG
+    assert row["held_out_loss"] == pytest.approx(1.53) and row["final_loss"] == pytest.approx(6.4 / 3)
+    assert row["held_out_spread"] == [1.50, 1.56]
+    assert row["ms_per_step"] == 12.0 and row["tokens_per_s"] == pytest.approx(1000 / 12.0 * 1e3)
+    assert row["peak_mib"] == 130.0
+    assert row["per_seed"] == [
+        {"seed": s, "held_out_loss": h, "final_loss": f, "ms_per_step": m, "diverged_at": None}
+        for s, h, f, m in [(1, 1.50, 2.0, 10.0), (2, 1.56, 2.3, 30.0), (3, 1.53, 2.1, 12.0)]
+    ]
+    with pytest.raises(ValueError, match="combine: runs: expected at least one seed's result, got none"):
+        combine([], 1000)
+
+
+def test_one_seed_row_and_table_are_todays():
+    runs = [run("bf16", 1234, 1.50), run("delayed", 1234, 1.53, ms=8.0)]
+    rows = [combine([r], 1000) for r in runs]
+    for r, row in zip(runs, rows, strict=True):
+        assert {k: v for k, v in row.items() if k not in ("per_seed", "held_out_spread")} == r
+        assert len(row["per_seed"]) == 1 and row["held_out_spread"] == [r["held_out_loss"]] * 2
+    assert table(rows, TE_REFERENCE) == table(runs, TE_REFERENCE)
+    assert checks_against_te(rows, TE_REFERENCE)["recipes"]["delayed"]["gap_pct_per_seed"] == [
+        pytest.approx(2.0)
+    ]
+    out = table(rows, TE_REFERENCE)
+    assert "\ndelayed      2.0000    1.5300   +2.00%" in out and "±" not in out and "per seed" not in out
+
+
+def test_gap_is_the_mean_of_paired_per_seed_gaps():
+    bf16 = combine([run("bf16", 1, 1.50), run("bf16", 2, 1.60)], 1000)
+    delayed = combine([run("delayed", 1, 1.53), run("delayed", 2, 1.60)], 1000)
+    # Paired: (+2% + 0%) / 2 = +1%; the gap of the means would be 100 * 0.03 / 1.55 = 1.94%.
+    assert gap_pct(delayed, bf16) == pytest.approx(1.0)
+    checks = checks_against_te([bf16, delayed], TE_REFERENCE)["recipes"]["delayed"]
+    assert checks["gap_pct"] == pytest.approx(1.0) and checks["seeds"] == [1, 2]
+    assert checks["gap_pct_per_seed"] == [pytest.approx(2.0), pytest.approx(0.0)]
+    out = table([bf16, delayed], TE_REFERENCE)
+    assert "\nbf16         2.0000 1.5500±0.0500        -      10.0" in out
+    assert "\ndelayed      2.0000 1.5650±0.0350   +1.00%      10.0" in out
+    assert "seeds 1, 2 per recipe: losses are means over the seeds, held-out ± half its range" in out
+    assert "vs bf16: the mean of the per-seed gaps, each to bf16's run with the same seed" in out
+    assert "delayed: gap +1.00% vs TE's +0.47% -> WORSE than TE's" in out
+    assert "; gap per seed: +2.00% (1), +0.00% (2)" in out
+
+
+def test_a_diverged_or_failed_seed_is_named_not_dropped():
+    bf16 = combine([run("bf16", 1, 1.50), run("bf16", 2, 1.60)], 1000)
+    diverged = combine([run("delayed", 1, 1.53), run("delayed", 2, float("nan"), 7.0, diverged_at=5)], 1000)
+    assert math.isnan(diverged["held_out_loss"]) and diverged["held_out_spread"] is None
+    assert diverged["per_seed"][1]["diverged_at"] == 5 and gap_pct(diverged, bf16) is None
+    failed = {"recipe": "current", "seed": 1, "error": "RuntimeError: boom"}
+    current = combine([failed, run("current", 2, 1.62, ms=20.0)], 1000)
+    assert current["losses"] == [3.0, 2.0] and current["ms_per_step"] == 20.0  # the seed that ran
+    assert math.isnan(current["held_out_loss"]) and math.isnan(current["final_loss"])
+    assert current["per_seed"][0] == {"seed": 1, "error": "RuntimeError: boom"}
+    checks = checks_against_te([bf16, diverged, current], TE_REFERENCE)["recipes"]
+    assert checks["current"]["gap_pct"] is None
+    assert checks["current"]["gap_pct_per_seed"] == [None, pytest.approx(100 * 0.02 / 1.6)]
+    out = table([bf16, diverged, current], TE_REFERENCE)
+    assert "(seed 2: loss not finite at step 5)" in out and "(seed 1: failed: RuntimeError: boom)" in out
+    assert "\ndelayed           -             -        -      10.0" in out
+    assert "current: gap - vs TE's +0.48%" in out and "gap per seed: - (1), +1.25% (2)" in out
+    block = combine([{**failed, "recipe": "block"}, {**failed, "recipe": "block", "seed": 2}], 1000)
+    assert block["error"] == "seed 1: RuntimeError: boom; seed 2: RuntimeError: boom"
+    assert "\nblock    failed: seed 1: RuntimeError: boom; seed 2: RuntimeError: boom" in table([bf16, block])
+
+
+def test_demo_seeds_end_to_end(tmp_path, capsys, monkeypatch):
+    # Named gpu-convergence so the comparison with TE's figures (checks) is exercised too.
+    tiny = Preset("gpu-convergence", TINY, batch=2, steps=10, eval_windows=4, timing_skip=1, seeds=3)
+    monkeypatch.setitem(demo.PRESETS, "gpu-convergence", tiny)
+    argv = ["--device", "cpu", "--preset", "gpu-convergence", "--seeds", "2", "--steps", "3"]
+    rc = demo.main([*argv, "--recipes", "bf16,current", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert ", seeds 1234, 1235\n" in out and "seeds 1234, 1235 per recipe" in out and "±" in out
+    report = json.loads((tmp_path / "gpt_gpu-convergence.json").read_text())
+    assert report["config"]["seeds"] == 2
+    rows = {r["recipe"]: r for r in report["results"]}
+    for r in rows.values():
+        assert [e["seed"] for e in r["per_seed"]] == [1234, 1235] and r["seed"] == 1234
+        held = [e["held_out_loss"] for e in r["per_seed"]]
+        assert held[0] != held[1] and r["held_out_loss"] == pytest.approx(sum(held) / 2)
+        assert r["held_out_spread"] == [min(held), max(held)]
+    paired = [
+        100 * (c["held_out_loss"] - b["held_out_loss"]) / b["held_out_loss"]
+        for c, b in zip(rows["current"]["per_seed"], rows["bf16"]["per_seed"], strict=True)
+    ]
+    check = report["checks"]["recipes"]["current"]
+    assert check["gap_pct_per_seed"] == pytest.approx(paired)
+    assert check["gap_pct"] == pytest.approx(sum(paired) / 2)
+
+
+def test_demo_rejects_zero_seeds(capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--seeds", "0"])
+    assert "--seeds: expected an int >= 1, got 0" in capsys.readouterr().err
