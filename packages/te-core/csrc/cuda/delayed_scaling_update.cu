@@ -7,10 +7,10 @@
 //
 // A CTA owns up to 32 columns of one entry (fewer when N is small, so a 1-D history of 1024 steps
 // still gets 256 threads along it). The roll is in place, so it walks the column in segments of
-// kStepsPerSegment steps per row of threads: each thread reads its old[j + 1] of the segment, a
-// barrier, then it writes their new[j]. A segment's writes (positions < j0 + S, S its length)
-// never touch what the next segment reads (positions > j0 + S), so one barrier per segment
-// suffices; old[0] is read before the first barrier and written back last.
+// as many steps as the CTA has rows of threads: each thread reads old[j + 1], a barrier, then it
+// writes new[j]. A segment's writes (positions < j0 + rows) never touch what the next segment
+// reads (positions > j0 + rows), so one barrier per segment suffices; old[0] is read before the
+// first barrier and written back last.
 #include <cmath>
 
 #include "common/kernels.h"
@@ -23,11 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxEntries = 64;
-// Steps of the history each thread reads before a segment's barrier: all of them issued
-// together, so a 1024-step history of a few columns waits for one round of loads instead of 16
-// (one step per thread and barrier took ~25 us per launch on the H200, about 2% of a
-// 4096 -> 4096 FP8 Linear step).
-constexpr int kStepsPerSegment = 16;
 
 struct UpdateParams {
   DelayedScalingEntry entries[kMaxEntries];
@@ -59,20 +54,16 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
 
   const float first = (valid && r == 0) ? h[n] : 0.0f;
   float m = r == 0 ? first : -INFINITY;  // -inf: the identity of nan_max
-  for (int64_t j0 = 0; j0 < len - 1; j0 += rows_per_step * kStepsPerSegment) {
-    float v[kStepsPerSegment];
-#pragma unroll
-    for (int u = 0; u < kStepsPerSegment; ++u) {
-      const int64_t j = j0 + u * rows_per_step + r;
-      v[u] = valid && j + 1 < len ? h[(j + 1) * num + n] : -INFINITY;
-      m = nan_max(m, v[u]);
+  for (int64_t j0 = 0; j0 < len - 1; j0 += rows_per_step) {
+    const int64_t j = j0 + r;
+    const bool active = valid && j + 1 < len;
+    float v = 0.0f;
+    if (active) {
+      v = h[(j + 1) * num + n];
+      m = nan_max(m, v);
     }
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kStepsPerSegment; ++u) {
-      const int64_t j = j0 + u * rows_per_step + r;
-      if (valid && j + 1 < len) h[j * num + n] = v[u];
-    }
+    if (active) h[j * num + n] = v;
   }
 
   partial[threadIdx.x] = m;
