@@ -35,6 +35,7 @@ from te_torch import _fused, _layernorm_linear_step
 from te_torch._fp8_io import gemm_quantized, grad_tensor
 from te_torch._gemm_state import FP8Context
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
+from te_torch._linear_step import gemm_bias
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch.functional import _operand, gemm, gemm_dgrad
 
@@ -63,8 +64,8 @@ class LayerNormLinearFn(torch.autograd.Function):
         else:
             lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, xq_q)
         wq = c.weight(weight, first, need_dln)
-        if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
-            bias = bias.to(inp.dtype)
+        b_dtype = None if bias is None else bias.dtype
+        bias = gemm_bias(bias, inp.dtype)
         if out_q is None:
             out = gemm(lnq, wq, bias=bias, out_dtype=inp.dtype, use_split_accumulator=c.split[0])
         else:
@@ -85,7 +86,7 @@ class LayerNormLinearFn(torch.autograd.Function):
         ctx.c, ctx.fuse, ctx.cfg = c, fuse_wgrad, cfg
         ctx.weight = weight if fuse_wgrad else None
         ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.b_dtype = b_dtype
         ctx.has_ln_bias = ln_b is not None
         return (out, ln_out) if return_ln else out
 

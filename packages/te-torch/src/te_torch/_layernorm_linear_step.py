@@ -118,6 +118,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
         sp = saved.data_ptr()
     mu, rsigma = stats(rows, rms, sp + lc + wc if need_dln else tp + lr + wr, dev)
     w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + lr, sp + lc)
+    b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
     out_shape = (*inp.shape[:-1], weight.shape[0])
     out = _empty(out_shape, dtype=inp.dtype, device=device)
@@ -136,7 +137,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     ctx.fuse = fuse_wgrad
     ctx.weight = weight if fuse_wgrad else None
     ctx.w_shape, ctx.w_dtype = weight.shape, weight.dtype
-    ctx.b_dtype = None if bias is None else bias.dtype
+    ctx.b_dtype = b_dtype
     return out
 
 

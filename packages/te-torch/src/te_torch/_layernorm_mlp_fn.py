@@ -31,14 +31,9 @@ import torch
 
 from te_torch import _fused, _layernorm_mlp_step
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
+from te_torch._linear_step import gemm_bias
 from te_torch._quantized_tensor import is_eager
 from te_torch.functional import gemm, gemm_dgrad
-
-
-def _gemm_bias(bias, dtype):
-    if bias is not None and bias.dtype != dtype and bias.dtype != torch.float32:
-        return bias.to(dtype)
-    return bias
 
 
 class LayerNormMLPFn(torch.autograd.Function):
@@ -73,11 +68,10 @@ class LayerNormMLPFn(torch.autograd.Function):
         else:
             lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, x1_q)
         w1q = c1.weight(w1, first, need_dln)
-        h = gemm(lnq, w1q, bias=_gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
+        h = gemm(lnq, w1q, bias=gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
         aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2])
         w2q = c2.weight(w2, first, need_dh)
-        b2 = _gemm_bias(b2, dtype)
-        out = gemm(aq, w2q, bias=b2, out_dtype=dtype, use_split_accumulator=c2.split[0])
+        out = gemm(aq, w2q, bias=gemm_bias(b2, dtype), out_dtype=dtype, use_split_accumulator=c2.split[0])
         ctx.save_for_backward(
             inp if need_dln else None,
             ln_w if need_dln else None,

@@ -94,7 +94,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
         mu, rsigma = stats(rows, rms, tp + tn + (0 if need_dh else hn), dev)
     w1_fwd, w1_bwd = weight_operands(w1, plan1, dev, tp + lr, sp + lc)
     w2_fwd, w2_bwd = weight_operands(w2, plan2, dev, tp + lr + w1r + ar, sp + lc + w1c + ac)
-    b1_dtype = None if b1 is None else b1.dtype
+    b_dtypes = (None if b1 is None else b1.dtype), (None if b2 is None else b2.dtype)
     b1, b2 = gemm_bias(b1, dtype), gemm_bias(b2, dtype)
     out_shape = (*lead, w2.shape[0])
     out = _empty(out_shape, dtype=dtype, device=device)
@@ -117,8 +117,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     ctx.c, ctx.fuse, ctx.kind = (c1, c2), fuse_wgrad, kind
     ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
     ctx.w_shapes, ctx.w_dtypes = (w1.shape, w2.shape), (w1.dtype, w2.dtype)
-    # db1 in b1's own dtype, db2 in the dtype FC2's GEMM read it in (as LayerNormMLPFn)
-    ctx.b_dtypes = b1_dtype, None if b2 is None else b2.dtype
+    ctx.b_dtypes = b_dtypes  # the bias gradients in the parameters' dtypes
     return out
 
 

@@ -33,7 +33,7 @@ from te_core import _C
 from te_torch import _fused, _linear_step
 from te_torch._fp8_io import gemm_quantized, grad_operand, input_operand
 from te_torch._gemm_state import FP8Context
-from te_torch._linear_step import column_sums
+from te_torch._linear_step import column_sums, gemm_bias
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
 from te_torch.functional import _gemm, gemm_wgrad
@@ -206,11 +206,10 @@ class LinearFn(torch.autograd.Function):
         need_dx, need_dw = inp.requires_grad, weight.requires_grad
         xq = c.x_q[2 + need_dw]._operand(inp)
         wq = c.weight_operand(weight, first, need_dx)
-        if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
-            bias = bias.to(inp.dtype)
+        gb = gemm_bias(bias, inp.dtype)
         out = _gemm(
             _row(xq), _row(wq), *_FPROP, (*inp.shape[:-1], weight.shape[0]), inp.dtype, None, False,
-            _DEFAULT_EPILOGUE if bias is None else _BIAS_EPILOGUE, bias, None, _split(c.split[0]),
+            _DEFAULT_EPILOGUE if gb is None else _BIAS_EPILOGUE, gb, None, _split(c.split[0]),
         )[0]  # fmt: skip
         _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad)
         return out
@@ -239,16 +238,15 @@ class LinearIOFn(torch.autograd.Function):
         else:
             xq = c.x_q[2 + need_dw]._operand(inp)
         wq = c.weight_operand(weight, first, need_dx)
-        if bias is not None and bias.dtype != inp.dtype and bias.dtype != torch.float32:
-            bias = bias.to(inp.dtype)
+        gb = gemm_bias(bias, inp.dtype)
         shape, split = (*inp.shape[:-1], weight.shape[0]), _split(c.split[0])
         if out_q is None:
             out = _gemm(
                 _row(xq), _row(wq), *_FPROP, shape, inp.dtype, None, False,
-                _DEFAULT_EPILOGUE if bias is None else _BIAS_EPILOGUE, bias, None, split,
+                _DEFAULT_EPILOGUE if gb is None else _BIAS_EPILOGUE, gb, None, split,
             )[0]  # fmt: skip
         else:
-            out = gemm_quantized(c, out_q, _row(xq), _row(wq), *_FPROP, shape, inp.dtype, bias, split)
+            out = gemm_quantized(c, out_q, _row(xq), _row(wq), *_FPROP, shape, inp.dtype, gb, split)
         _save(ctx, c, xq, wq, need_dx, need_dw, inp, weight, bias, fuse_wgrad)
         ctx.gi_q = gi_q
         return out
