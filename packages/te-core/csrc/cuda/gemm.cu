@@ -96,8 +96,9 @@ void check_fp8_dim(const char* dim, const char* meaning, int64_t value) {
   if (value % 16 != 0) {
     fail(TE_ERROR_INVALID_ARGUMENT, "FP8 GEMM (cuBLASLt) needs ", dim, " (", meaning,
          ") to be a multiple of 16, got ", dim, " = ", value,
-         ". Pad that dimension to a multiple of 16 (te_torch and te_jax do this with their "
-         "padding helpers; NUMERICS.md \"Shape rules\").");
+         ". Pad that dimension to a multiple of 16 with zeros and slice the result back; in a "
+         "layer's weight-gradient GEMM K is the number of tokens (the input's leading dimensions "
+         "flattened), so pad the batch or sequence (NUMERICS.md \"Shape rules\").");
   }
 }
 
