@@ -210,3 +210,22 @@ def test_errors():
         te_jax.dense(x, w, recipe="fp8")
     with pytest.raises(NotImplementedError, match="recipe: CustomRecipe is not supported by te_jax"):
         te_jax.dense(x, w, recipe=recipe.CustomRecipe(qfactory=lambda role: None))
+
+
+@pytest.mark.parametrize("name", ["current", "block"])
+def test_float32_bias_is_added_in_the_output_dtype(name):
+    # TE's rule (and cuBLASLt's fused FP8 epilogue): a float32 bias beside bf16 activations is
+    # rounded to bf16 and then added, so it gives exactly the bf16-stored bias's output; its
+    # gradient stays float32.
+    r = {"current": recipe.Float8CurrentScaling(), "block": recipe.Float8BlockScaling()}[name]
+    x, w, b, dy = make()
+    x, w, dy = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+    y32, vjp32 = jax.vjp(lambda x, w, b: te_jax.dense(x, w, b, recipe=r), x, w, b)
+    b16 = b.astype(jnp.bfloat16)
+    y16, vjp16 = jax.vjp(lambda x, w, b: te_jax.dense(x, w, b, recipe=r), x, w, b16)
+    assert y32.dtype == jnp.bfloat16 and np.array_equal(np.asarray(y32, F32), np.asarray(y16, F32))
+    g32, g16 = vjp32(dy), vjp16(dy)
+    assert np.array_equal(np.asarray(g32[0], F32), np.asarray(g16[0], F32))
+    assert np.array_equal(np.asarray(g32[1], F32), np.asarray(g16[1], F32))
+    assert g32[2].dtype == F32 and g16[2].dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(g32[2].astype(jnp.bfloat16), F32), np.asarray(g16[2], F32))

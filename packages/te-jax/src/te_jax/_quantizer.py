@@ -302,7 +302,10 @@ def mm(a, b, *, trans_a: bool = False, trans_b: bool, out_dtype, bias=None, spli
 
 
 def bias_for(bias, dtype):
-    """te_gemm's bias epilogue takes the output's dtype or float32."""
-    if bias is None or np.dtype(bias.dtype) in (np.dtype(dtype), _F32):
+    """The bias in the output's dtype, as TE adds it and as the row-parallel path here does:
+    cuBLASLt has no fused FP8 kernel for a float32 bias beside a 16-bit output, and te-core's
+    fallback for one (the fp32 product, then a separate bias pass) cost te_torch's demo 4.8 ms of
+    a 30 ms step on the H200 (benchmarks/NOTES.md). The bias gradient keeps the bias's dtype."""
+    if bias is None or np.dtype(bias.dtype) == np.dtype(dtype):
         return bias
     return bias.astype(dtype)
