@@ -126,6 +126,23 @@ def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
         compare_state(gpu, cpu, rtol=1e-2)  # amaxes of GEMM outputs: tensor-core rounding
 
 
+@pytest.mark.parametrize("module", ["Linear", "LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_fp32_params_with_bf16_inputs_cuda_matches_cpu(name, module):
+    # fp32 master weights under 16-bit activations: the bias is added in bf16 (TE's rule), which
+    # cuBLASLt fuses into the FP8 GEMM; the bias gradients stay fp32.
+    r = RECIPES[name]()
+    make = {
+        "Linear": lambda: te.Linear(256, 256, params_dtype=torch.float32, device="cpu"),
+        "LayerNormLinear": lambda: te.LayerNormLinear(256, 256, params_dtype=torch.float32, device="cpu"),
+        "LayerNormMLP": lambda: te.LayerNormMLP(256, 512, params_dtype=torch.float32, device="cpu"),
+    }[module]
+    cpu = make()
+    randomize(cpu)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    compare(cpu, gpu, (2, 48, 256), 256, torch.bfloat16, r, MLP_FP8_TOL if module == "LayerNormMLP" else 1e-2)
+
+
 @pytest.mark.parametrize(
     "act", ["gelu", "relu", "silu", "qgelu", "srelu", "geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu"]
 )
