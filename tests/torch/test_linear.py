@@ -31,7 +31,10 @@ def run(m, x, dy, r, **kw):
     return y.detach(), x.grad, m.weight.grad, None if m.bias is None else m.bias.grad
 
 
-@pytest.mark.parametrize("shape", [(32, 256), (2, 24, 160)], ids=["2d", "3d"])
+# 37 and 3 x 7 tokens: padded to a multiple of 16 inside (_token_pad), which must change nothing
+@pytest.mark.parametrize(
+    "shape", [(32, 256), (2, 24, 160), (37, 256), (3, 7, 160)], ids=["2d", "3d", "2d_37", "3d_21"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_linear_matches_emulated_and_fp32_reference(name, dtype, shape):

@@ -36,6 +36,7 @@ from te_torch._module_base import (
     split_sizes,
 )
 from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["LayerNormLinear"]
 
@@ -170,8 +171,9 @@ class LayerNormLinear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
+            n_pad = 0 if c.block else pad_count(inp)
             res = LayerNormLinearFn.apply(
-                inp,
+                pad(inp, n_pad) if n_pad else inp,
                 ln_w,
                 ln_b,
                 weight,
@@ -182,6 +184,9 @@ class LayerNormLinear(SingleGemmModule):
                 (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, None, None),
             )
             out, ln_out = res if self.return_layernorm_output else (res, None)
+            if n_pad:
+                out = unpad(out, inp.shape[:-1])
+                ln_out = None if ln_out is None else unpad(ln_out, inp.shape[:-1])
         else:
             ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
             if s.calibrating:

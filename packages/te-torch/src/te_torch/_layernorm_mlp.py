@@ -39,6 +39,7 @@ from te_torch._module_base import (
     reject_parallel,
     reset_norm_params,
 )
+from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["LayerNormMLP"]
 
@@ -193,8 +194,9 @@ class LayerNormMLP(QuantizedModule):
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
             elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
+            n_pad = 0 if c1.block else pad_count(inp)
             res = LayerNormMLPFn.apply(
-                inp,
+                pad(inp, n_pad) if n_pad else inp,
                 ln_w,
                 ln_b,
                 w1,
@@ -208,6 +210,9 @@ class LayerNormMLP(QuantizedModule):
                 (self._rms, self.eps, self.zero_centered_gamma, self._kind, self.return_layernorm_output),
             )
             out, ln_out = res if self.return_layernorm_output else (res, None)
+            if n_pad:
+                out = unpad(out, inp.shape[:-1])
+                ln_out = None if ln_out is None else unpad(ln_out, inp.shape[:-1])
         else:
             ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
             if s.calibrating:

@@ -40,6 +40,7 @@ from te_torch._module_base import (
     split_sizes,
 )
 from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["Linear"]
 
@@ -209,7 +210,11 @@ class Linear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("Linear", c.recipe, c.block, inp, self._features)
-            out = LinearFn.apply(inp, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
+            n_pad = 0 if c.block else pad_count(inp)
+            x = pad(inp, n_pad) if n_pad else inp
+            out = LinearFn.apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
+            if n_pad:
+                out = unpad(out, inp.shape[:-1])
         else:
             if s.calibrating:
                 self._gemm.calibrate(inp, weight, s.recipe, s.group)
