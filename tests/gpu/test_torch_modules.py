@@ -126,33 +126,32 @@ def test_layernorm_mlp_cuda_matches_cpu(name, dtype, act):
         compare_state(gpu, cpu, rtol=1e-2)  # amaxes of GEMM outputs: tensor-core rounding
 
 
-@pytest.mark.parametrize("module", ["Linear", "LayerNormLinear", "LayerNormMLP"])
+# The GEMM modules on the CPU, 256 -> 256 (LayerNormMLP: ffn 512), parameters in the given dtype.
+GEMM_MODULES = {
+    "Linear": lambda dtype: te.Linear(256, 256, params_dtype=dtype, device="cpu"),
+    "LayerNormLinear": lambda dtype: te.LayerNormLinear(256, 256, params_dtype=dtype, device="cpu"),
+    "LayerNormMLP": lambda dtype: te.LayerNormMLP(256, 512, params_dtype=dtype, device="cpu"),
+}
+
+
+@pytest.mark.parametrize("module", list(GEMM_MODULES))
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_any_token_count_cuda_matches_cpu(name, module):
     # 231 tokens: cuBLASLt's FP8 GEMMs need multiples of 16; te pads the rows (_token_pad).
     r = RECIPES[name]()
-    cpu = {
-        "Linear": lambda: te.Linear(256, 256, params_dtype=torch.bfloat16, device="cpu"),
-        "LayerNormLinear": lambda: te.LayerNormLinear(256, 256, params_dtype=torch.bfloat16, device="cpu"),
-        "LayerNormMLP": lambda: te.LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device="cpu"),
-    }[module]()
+    cpu = GEMM_MODULES[module](torch.bfloat16)
     randomize(cpu)
     gpu = copy.deepcopy(cpu).to(CUDA)
     compare(cpu, gpu, (3, 77, 256), 256, torch.bfloat16, r, MLP_FP8_TOL if module == "LayerNormMLP" else 1e-2)
 
 
-@pytest.mark.parametrize("module", ["Linear", "LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("module", list(GEMM_MODULES))
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_fp32_params_with_bf16_inputs_cuda_matches_cpu(name, module):
     # fp32 master weights under 16-bit activations: the bias is added in bf16 (TE's rule), which
     # cuBLASLt fuses into the FP8 GEMM; the bias gradients stay fp32.
     r = RECIPES[name]()
-    make = {
-        "Linear": lambda: te.Linear(256, 256, params_dtype=torch.float32, device="cpu"),
-        "LayerNormLinear": lambda: te.LayerNormLinear(256, 256, params_dtype=torch.float32, device="cpu"),
-        "LayerNormMLP": lambda: te.LayerNormMLP(256, 512, params_dtype=torch.float32, device="cpu"),
-    }[module]
-    cpu = make()
+    cpu = GEMM_MODULES[module](torch.float32)
     randomize(cpu)
     gpu = copy.deepcopy(cpu).to(CUDA)
     compare(cpu, gpu, (2, 48, 256), 256, torch.bfloat16, r, MLP_FP8_TOL if module == "LayerNormMLP" else 1e-2)

@@ -11,12 +11,8 @@ import copy
 import pytest
 import te_torch as te
 import torch
+from _step_pair import RECIPES, step
 
-RECIPES = {
-    "delayed": lambda: te.recipe.DelayedScaling(amax_history_len=4),
-    "current": te.recipe.Float8CurrentScaling,
-    "block": te.recipe.Float8BlockScaling,
-}
 MODULES = {
     "Linear": lambda: te.Linear(128, 96, device="cpu"),
     "LayerNormLinear": lambda: te.LayerNormLinear(128, 96, device="cpu"),
@@ -25,12 +21,8 @@ MODULES = {
 
 
 def _step(m, x, dy, recipe, fused):
-    for g in m._gemms.values():
-        g.context(recipe, None, x.device).packed_ok = fused
     x = x.clone().requires_grad_(True)
-    with te.autocast(recipe=recipe):
-        y = m(x)
-    y.backward(dy)
+    y = step(m, x, dy, recipe, fused)
     return y, x.grad, {n: p.grad for n, p in m.named_parameters()}
 
 

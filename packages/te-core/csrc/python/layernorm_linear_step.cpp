@@ -22,21 +22,15 @@ void register_layernorm_linear_step(py::module_& m) {
       [](bool rms, py::handle x, py::handle gamma, py::handle beta, py::handle ln_out,
          py::handle mu, py::handle rsigma, py::handle norm_config, py::handle w, py::handle bias,
          py::handle out, py::handle config, uintptr_t stream) {
-        if (rms && !beta.is_none()) {
-          throw py::value_error("beta: expected None for RMSNorm (it has no bias)");
-        }
-        const te_tensor xt = spec(x, "x"), g = spec(gamma, "gamma"), b = spec(beta, "beta");
-        Operand ln = target(ln_out, xt, "ln_out");
-        te_tensor mu_t = spec(mu, "mu"), rsigma_t = spec(rsigma, "rsigma");
-        const te_norm_config* nc = step::norm_config(norm_config, "norm_config");
+        NormFwd n = norm_fwd_args(rms, x, gamma, beta, ln_out, mu, rsigma, norm_config);
         Operand wo = operand(w, "w");
         const te_tensor bt = spec(bias, "bias"), d = spec(out, "out");
         const te_gemm_config* c = gemm_config(config, "config");
         void* s = as_stream(stream);
         check(without_gil([&] {
-          TE_TRY(norm_fwd(rms, xt, g, b, ln, mu_t, rsigma_t, nc, s));
+          TE_TRY(norm_fwd(n, s));
           if (wo.quantize) TE_TRY(te_quantize(&wo.src, &wo.q, wo.config, s));
-          return gemm(only(ln.q, true), only(wo.q, true), d, c, bt, s);
+          return gemm(only(n.out.q, true), only(wo.q, true), d, c, bt, s);
         }));
       },
       py::arg("rms"), py::arg("x"), py::arg("gamma"), py::arg("beta").none(true),

@@ -38,13 +38,7 @@ void register_layernorm_mlp_step(py::module_& m) {
          py::handle mu, py::handle rsigma, py::handle norm_config, py::handle w1, py::handle b1,
          py::handle h, py::handle fc1_config, int32_t activation, py::handle act_out,
          py::handle w2, py::handle b2, py::handle out, py::handle fc2_config, uintptr_t stream) {
-        if (rms && !beta.is_none()) {
-          throw py::value_error("beta: expected None for RMSNorm (it has no bias)");
-        }
-        const te_tensor xt = spec(x, "x"), g = spec(gamma, "gamma"), b = spec(beta, "beta");
-        Operand ln = target(ln_out, xt, "ln_out");
-        te_tensor mu_t = spec(mu, "mu"), rsigma_t = spec(rsigma, "rsigma");
-        const te_norm_config* nc = step::norm_config(norm_config, "norm_config");
+        NormFwd n = norm_fwd_args(rms, x, gamma, beta, ln_out, mu, rsigma, norm_config);
         Operand w1o = operand(w1, "w1");
         const te_tensor b1t = spec(b1, "b1"), ht = spec(h, "h");
         const te_gemm_config* c1 = gemm_config(fc1_config, "fc1_config");
@@ -54,9 +48,9 @@ void register_layernorm_mlp_step(py::module_& m) {
         const te_gemm_config* c2 = gemm_config(fc2_config, "fc2_config");
         void* s = as_stream(stream);
         check(without_gil([&] {
-          TE_TRY(norm_fwd(rms, xt, g, b, ln, mu_t, rsigma_t, nc, s));
+          TE_TRY(norm_fwd(n, s));
           if (w1o.quantize) TE_TRY(te_quantize(&w1o.src, &w1o.q, w1o.config, s));
-          TE_TRY(gemm(only(ln.q, true), only(w1o.q, true), ht, c1, b1t, s));
+          TE_TRY(gemm(only(n.out.q, true), only(w1o.q, true), ht, c1, b1t, s));
           TE_TRY(te_activation_fwd(&ht, &a.q, activation, a.config, s));
           if (w2o.quantize) TE_TRY(te_quantize(&w2o.src, &w2o.q, w2o.config, s));
           return gemm(only(a.q, true), only(w2o.q, true), d, c2, b2t, s);

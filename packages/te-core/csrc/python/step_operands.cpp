@@ -273,11 +273,29 @@ te_status norm_bwd(const te_tensor& dz, NormGrads& n, void* stream) {
                           n.config, stream);
 }
 
-te_status norm_fwd(bool rms, const te_tensor& x, const te_tensor& gamma, const te_tensor& beta,
-                   Operand& out, te_tensor& mu, te_tensor& rsigma, const te_norm_config* config,
-                   void* stream) {
-  if (rms) return te_rmsnorm_fwd(&x, &gamma, &out.q, &rsigma, config, out.config, stream);
-  return te_layernorm_fwd(&x, &gamma, &beta, &out.q, &mu, &rsigma, config, out.config, stream);
+NormFwd norm_fwd_args(bool rms, py::handle x, py::handle gamma, py::handle beta, py::handle out,
+                      py::handle mu, py::handle rsigma, py::handle config) {
+  if (rms && !beta.is_none()) {
+    throw py::value_error("beta: expected None for RMSNorm (it has no bias)");
+  }
+  NormFwd n;
+  n.rms = rms;
+  n.x = spec(x, "x");
+  n.gamma = spec(gamma, "gamma");
+  n.beta = spec(beta, "beta");
+  n.out = target(out, n.x, "ln_out");
+  n.mu = spec(mu, "mu");
+  n.rsigma = spec(rsigma, "rsigma");
+  n.config = norm_config(config, "norm_config");
+  return n;
+}
+
+te_status norm_fwd(NormFwd& n, void* stream) {
+  if (n.rms) {
+    return te_rmsnorm_fwd(&n.x, &n.gamma, &n.out.q, &n.rsigma, n.config, n.out.config, stream);
+  }
+  return te_layernorm_fwd(&n.x, &n.gamma, &n.beta, &n.out.q, &n.mu, &n.rsigma, n.config,
+                          n.out.config, stream);
 }
 
 }  // namespace te::python::step

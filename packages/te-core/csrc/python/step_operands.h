@@ -87,10 +87,19 @@ struct NormGrads {
 NormGrads norm_grads(pybind11::handle args, const char* arg);
 te_status norm_bwd(const te_tensor& dz, NormGrads& n, void* stream);
 
-// te_layernorm_fwd / te_rmsnorm_fwd into a packed target.
-te_status norm_fwd(bool rms, const te_tensor& x, const te_tensor& gamma, const te_tensor& beta,
-                   Operand& out, te_tensor& mu, te_tensor& rsigma, const te_norm_config* config,
-                   void* stream);
+// A norm's forward (te_layernorm_fwd / te_rmsnorm_fwd) into a packed target `out` of x's
+// shape, its arguments parsed (beta and mu None for RMSNorm).
+struct NormFwd {
+  bool rms = false;
+  te_tensor x{}, gamma{}, beta{}, mu{}, rsigma{};
+  Operand out;
+  const te_norm_config* config = nullptr;
+};
+
+NormFwd norm_fwd_args(bool rms, pybind11::handle x, pybind11::handle gamma, pybind11::handle beta,
+                      pybind11::handle out, pybind11::handle mu, pybind11::handle rsigma,
+                      pybind11::handle config);
+te_status norm_fwd(NormFwd& n, void* stream);
 
 }  // namespace te::python::step
 
