@@ -261,3 +261,66 @@ def test_amax_reduction_over_gloo_group(tmp_path):
         assert p.returncode == 0, err
         amax, scale = map(float, out.split())
         assert amax == 4.0 and scale == 448.0 / 4.0  # both ranks: the max over the group
+
+
+def _step(m, r, x, dy):
+    with te.autocast(recipe=r):
+        y = m(x)
+    y.backward(dy)
+    return y.detach(), x.grad.clone(), m.weight.grad.clone()
+
+
+def _pair(seed=0):
+    torch.manual_seed(seed)
+    a = te.Linear(64, 32, device="cpu")
+    b = te.Linear(64, 32, device="cpu")
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_a_new_equal_recipe_each_step_keeps_the_context_and_the_numbers():
+    # te.autocast(recipe=DelayedScaling()) written inside the loop: an equal recipe per step
+    a, b = _pair()
+    shared = recipe.DelayedScaling(amax_history_len=4)
+    contexts = set()
+    for step in range(3):
+        x = with_amax((8, 64), 2.0 + step, step).requires_grad_(True)
+        dy = with_amax((8, 32), 1.0 + step, 10 + step)
+        want = _step(a, shared, x, dy)
+        x.grad = None
+        got = _step(b, recipe.DelayedScaling(amax_history_len=4), x, dy)
+        contexts.add(id(b._gemm.ctx))
+        for w, g in zip(want, got, strict=True):
+            assert torch.equal(w, g)
+        assert torch.equal(a._fwd_state.amax_history, b._fwd_state.amax_history)
+        assert torch.equal(a._bwd_state.scale, b._bwd_state.scale)
+    assert len(contexts) == 1
+
+
+def test_a_recipe_changed_in_place_takes_effect_at_the_next_call():
+    # HYBRID -> E4M3 gradients on the same recipe object must not keep the E5M2 quantizers
+    r = recipe.Float8CurrentScaling()
+    a, b = _pair(1)
+    x = torch.randn(8, 64, requires_grad=True)
+    dy = torch.randn(8, 32)
+    _step(a, r, x, dy)
+    r.fp8_format = recipe.Format.E4M3
+    assert a._gemm.ctx.fields != te._gemm_state.recipe_fields(r)
+    x.grad = None
+    a.zero_grad()
+    got = _step(a, r, x, dy)
+    x.grad = None
+    want = _step(b, recipe.Float8CurrentScaling(fp8_format=recipe.Format.E4M3), x, dy)
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+    assert a._gemm.ctx.g_q[3].dtype == E4M3
+
+
+def test_an_invalid_assignment_leaves_the_recipe_and_its_generation_unchanged():
+    r = recipe.DelayedScaling()
+    gen = r._generation
+    with pytest.raises(ValueError):
+        r.amax_history_len = 0
+    assert r._generation == gen and r.amax_history_len == 1024
+    r.margin = 1
+    assert r._generation == gen + 1

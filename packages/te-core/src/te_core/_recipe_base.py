@@ -296,6 +296,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_overridden", frozenset())
+        object.__setattr__(self, "_generation", 0)
         self._derive()
         self._validate()
         object.__setattr__(self, "_ready", True)
@@ -315,3 +316,5 @@ class Recipe:
             self.__dict__.clear()
             self.__dict__.update(saved)
             raise
+        # What modules built from this recipe compare (with its identity) to see it changed.
+        object.__setattr__(self, "_generation", self._generation + 1)

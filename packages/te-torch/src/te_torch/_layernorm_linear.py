@@ -164,9 +164,7 @@ class LayerNormLinear(SingleGemmModule):
         ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
         s = _STATE
         if s.fp8:
-            c = self._gemm.ctx
-            if c is None or c.recipe is not s.recipe or c.device != weight.device:
-                c = self._gemm.context(s.recipe, s.group, weight.device)
+            c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
             if c.delayed:
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
@@ -208,7 +206,7 @@ class LayerNormLinear(SingleGemmModule):
         if not s.fp8:  # TE ignores fp8_output / fp8_grad outside autocast
             return self.forward(inp, first)
         weight, bias = linear_params(self)
-        c = self._gemm.context(s.recipe, s.group, weight.device)
+        c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
         if c.block:
             check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
         c.register_forward()

@@ -185,10 +185,8 @@ class LayerNormMLP(QuantizedModule):
         fuse = self.fuse_wgrad_accumulation
         s = _STATE
         if s.fp8:
-            c1, c2 = self._fc1.ctx, self._fc2.ctx
-            if c1 is None or c2 is None or c1.recipe is not s.recipe or c1.device != w1.device:
-                c1 = self._fc1.context(s.recipe, s.group, w1.device)
-                c2 = self._fc2.context(s.recipe, s.group, w1.device)
+            c1 = self._fc1.ctx_for(s.recipe, s.group, w1.device)
+            c2 = self._fc2.ctx_for(s.recipe, s.group, w1.device)
             if c1.delayed:
                 _autocast.register_forward(c1.fwd_key, c1.recipe, c1.fwd)
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)

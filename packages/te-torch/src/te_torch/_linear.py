@@ -203,9 +203,7 @@ class Linear(SingleGemmModule):
         gemm_bias = None if self.return_bias else bias
         s = _STATE
         if s.fp8:
-            c = self._gemm.ctx
-            if c is None or c.recipe is not s.recipe or c.device != weight.device:
-                c = self._gemm.context(s.recipe, s.group, weight.device)
+            c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
             if c.delayed:
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
@@ -233,7 +231,7 @@ class Linear(SingleGemmModule):
                 inp = DequantizeFn.apply(inp, inp.dtype)
             return self.forward(inp, first)
         weight, bias = linear_params(self)
-        c = self._gemm.context(s.recipe, s.group, weight.device)
+        c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
         if c.block:
             check_dims("Linear", c.recipe, c.block, inp, self._features)
         c.register_forward()
