@@ -6,11 +6,15 @@ run). Rows, measured in the same run:
   te.Linear BF16 (no autocast)
   te.Linear under te.autocast with DelayedScaling, Float8CurrentScaling, Float8BlockScaling
   torchao float8 tensorwise and rowwise, with torch.compile (where torchao imports)
-End to end as a user sees it: CUDA events around the Python calls (host overhead included). Rows
-are timed in --rounds interleaved rounds (benchmarks/_rounds.py: the H200 runs these at its power
-cap, so its clocks drift with its recent load; a row's ratio is the median of its per-round ratios
-to torch's row of the same round); each round runs --warmup steps of a row, then takes the median
-of --iters. ms is the median over rounds. --json PATH writes every figure.
+End to end as a user sees it, CUDA events around the Python calls (host overhead included), two
+ways: "synced", one step between the events and waited for (TE's figures in GPU.md were taken
+so: every step also pays the host's time to its first kernel), and "back to back", 10 steps
+between the events (a training loop's throughput: the host enqueues a step while the GPU runs
+the previous one). Rows are timed in --rounds interleaved rounds (benchmarks/_rounds.py: the
+H200 runs these at its power cap, so its clocks drift with its recent load; a row's ratio is the
+median of its per-round ratios to torch's row of the same round); each round runs --warmup steps
+of a row, then the median of --iters synced steps (one back-to-back group). ms is the median over
+rounds. --json PATH writes every figure.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 
 import te_torch as te
 import torch
-from _rounds import cuda_event_ms, interleaved, ratio
+from _rounds import cuda_event_ms, cuda_event_ms_back_to_back, interleaved, ratio
 
 TOKENS = 16384
 SHAPES = [(4096, 4096), (4096, 16384)]
@@ -92,20 +96,25 @@ def main() -> int:
         steps = {"torch nn.Linear BF16": fwd_bwd(ref, x, dy), "te.Linear BF16": fwd_bwd(mine, x, dy)}
         steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items()})
         steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
-        print(f"\nLinear {k} -> {n}, fwd+bwd")
+        print(f"\nLinear {k} -> {n}, fwd+bwd: synced (one step per pair of events), back to back")
         per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup)
+        per_b2b, failed_b2b = interleaved(steps, cuda_event_ms_back_to_back, a.rounds, 1, a.warmup)
         base = next(iter(steps))
         for name in steps:
             row = {"shape": [TOKENS, k, n], "name": name}
             results.append(row)
-            if name in failed or not per[name]:
-                e = failed.get(name)
+            if name in failed or name in failed_b2b or not per[name] or not per_b2b[name]:
+                e = failed.get(name) or failed_b2b.get(name)
                 row["error"] = f"{type(e).__name__}: {str(e)[:500]}" if e else "no round completed"
                 print(f"  {name:34s} FAILED: {row['error'][:200]}")
                 continue
             ms, speedup = statistics.median(per[name]), ratio(per, base, name)
+            ms_b2b, speedup_b2b = statistics.median(per_b2b[name]), ratio(per_b2b, base, name)
             row.update(ms=ms, ms_rounds=per[name], speedup=speedup)
-            print(f"  {name:34s} {ms:8.3f} ms   {speedup:5.2f}x torch BF16")
+            row.update(ms_back_to_back=ms_b2b, ms_back_to_back_rounds=per_b2b[name])
+            row.update(speedup_back_to_back=speedup_b2b)
+            b2b = f"back to back {ms_b2b:8.3f} ms {speedup_b2b:5.2f}x"
+            print(f"  {name:34s} {ms:8.3f} ms {speedup:5.2f}x   {b2b}")
         del steps
         torch.cuda.empty_cache()
     if a.json:
