@@ -362,19 +362,20 @@ def test_bgrad_in_wgrad(dtype, bgrad_kind):
 
 # ---- FP8 per-tensor ----------------------------------------------------------------------------
 
-FP8_SHAPES = [(16, 16, 16), (48, 80, 32), (33, 48, 64), (1024, 4096, 4096)]
+FP8_SHAPES = [(16, 16, 16), (48, 80, 32), (33, 48, 64)]
+LARGE = (1024, 4096, 4096)  # one layout and format pair only: the CPU reference's time
 FMTS = [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]
+LAYOUT_NAMES = ["fprop", "dgrad", "wgrad"]
+FP8_CASES = [(s, lay, f) for s in FP8_SHAPES for lay in LAYOUT_NAMES for f in FMTS] + [
+    (LARGE, "fprop", FMTS[0])
+]
 
 
 @pytest.mark.parametrize("split", [1, 0], ids=["split_acc", "fast_acc"])
-@pytest.mark.parametrize("fmts", FMTS, ids=lambda f: f"{f[0]}x{f[1]}")
-@pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
-@pytest.mark.parametrize("shape", FP8_SHAPES, ids=str)
+@pytest.mark.parametrize(("shape", "layout", "fmts"), FP8_CASES, ids=lambda v: str(v))
 def test_fp8_per_tensor(shape, layout, fmts, split):
     torch = _torch()
     m, n, k = shape
-    if shape == (1024, 4096, 4096) and (layout != "fprop" or fmts != FMTS[0]):
-        pytest.skip("the large shape runs once per accumulation mode (CPU reference time)")
     ta, tb = LAYOUTS[layout]
     a, b = sources(m, n, k, ta, tb, (shape, layout, fmts))
     A, B = fp8_operand(a, fmts[0]), fp8_operand(b, fmts[1])
@@ -413,17 +414,15 @@ def test_fp8_bias_bf16():
 
 # ---- FP8 block scaling (1x128 x 128x128, 1x128 x 1x128) ----------------------------------------
 
-BLOCK_SHAPES = [(128, 128, 128), (48, 80, 128), (256, 384, 640), (1024, 4096, 4096)]
+BLOCK_SHAPES = [(128, 128, 128), (48, 80, 128), (256, 384, 640)]
+BLOCK_CASES = [(s, lay) for s in BLOCK_SHAPES for lay in LAYOUT_NAMES] + [(LARGE, "fprop")]
 
 
 @pytest.mark.parametrize("modes", ["1Dx2D", "1Dx1D"])
-@pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
-@pytest.mark.parametrize("shape", BLOCK_SHAPES, ids=str)
+@pytest.mark.parametrize(("shape", "layout"), BLOCK_CASES, ids=lambda v: str(v))
 def test_fp8_block(shape, layout, modes):
     torch = _torch()
     m, n, k = shape
-    if shape == (1024, 4096, 4096) and layout != "fprop":
-        pytest.skip("the large shape runs for fprop only (CPU reference time)")
     ta, tb = LAYOUTS[layout]
     a, b = sources(m, n, k, ta, tb, ("block", shape, layout, modes))
     # weights (B in fprop/dgrad) take 128x128 tiles; wgrad's operands are both activations/grads
