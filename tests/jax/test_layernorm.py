@@ -138,6 +138,8 @@ def test_errors():
         te_jax.layernorm(x, gamma, beta[:3])
     with pytest.raises(ValueError, match="beta: expected None for layernorm_type='rmsnorm'"):
         te_jax.layernorm(x, gamma, beta, layernorm_type="rmsnorm")
+    with pytest.raises(ValueError, match=r"beta: expected shape \(16,\) for layernorm_type='layernorm'"):
+        te_jax.layernorm(x, gamma)
     with pytest.raises(TypeError, match="x.dtype: expected one of"):
         te_jax.layernorm(x.astype(jnp.int32), gamma, beta)
     with pytest.raises(ValueError, match="epsilon: expected a finite float >= 0"):

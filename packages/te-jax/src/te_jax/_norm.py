@@ -58,6 +58,11 @@ def _check(x, gamma, beta, epsilon, zero_centered_gamma, layernorm_type):
     h = x.shape[-1]
     if tuple(gamma.shape) != (h,):
         raise ValueError(f"gamma: expected shape ({h},) (x's last dim), got {tuple(gamma.shape)}")
+    if beta is None and norm_type != _ops.NORM_TYPES["rmsnorm"]:
+        raise ValueError(
+            f"beta: expected shape ({h},) for layernorm_type='layernorm' (LayerNorm's bias; pass "
+            "zeros for none), got None"
+        )
     if beta is not None:
         if norm_type == _ops.NORM_TYPES["rmsnorm"]:
             raise ValueError("beta: expected None for layernorm_type='rmsnorm' (RMSNorm has no bias)")
