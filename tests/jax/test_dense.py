@@ -101,11 +101,17 @@ RECIPES = {
 }
 
 
+# (tokens, leading dims): 21 and 37 tokens run padded to 32 and 48 (te_jax._token_pad)
+TOKENS = {"256": (256, (2,)), "21": (21, (3,)), "37": (37, (1,))}
+
+
+@pytest.mark.parametrize("tokens", list(TOKENS))
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_recipe_against_emulated_and_fp32(name, use_bias):
+def test_recipe_against_emulated_and_fp32(name, use_bias, tokens):
     r = RECIPES[name]
-    x, w, b, dy = make(seed=1)
+    m, lead = TOKENS[tokens]
+    x, w, b, dy = make(m=m, lead=lead, seed=1)
     b = b if use_bias else None
     f = lambda x, w, b: te_jax.dense(x, w, b, recipe=r)  # noqa: E731
     y, vjp = jax.vjp(f, x, w, b)

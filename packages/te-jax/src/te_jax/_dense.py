@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from te_jax import _delayed, _op_common, _sharding
+from te_jax import _delayed, _op_common, _sharding, _token_pad
 from te_jax._linear import LinearAxes, Roles, linear_bwd, linear_fwd, quantize_grad
 from te_jax._quantizer import Plan, plan_for, quantize_operand
 from te_jax._sharding import Layout, entry_axes
@@ -175,7 +175,7 @@ def dense(
 def _fwd_local(st: _Static, x, kernel, bias, scales, rng):
     plan, axes = st.plan, st.axes
     lead = x.shape[:-1]
-    x2 = jnp.reshape(x, (-1, st.k_local))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.k_local)))
     xq, x_amax = quantize_operand(
         x2,
         plan.x,
@@ -188,19 +188,19 @@ def _fwd_local(st: _Static, x, kernel, bias, scales, rng):
     y, res, amaxes = linear_fwd(plan, _ROLES, axes, xq, kernel, bias, scales, st.x_dtype, rng)
     if x_amax is not None:
         amaxes[_ROLES.x] = x_amax
-    return jnp.reshape(y, lead + (st.n_local,)), st.layout.pack(res), amaxes
+    return jnp.reshape(y[:m], lead + (st.n_local,)), st.layout.pack(res), amaxes
 
 
 def _bwd_local(st: _Static, res, dy, scales, rng):
     plan, axes = st.plan, st.axes
     res = st.layout.unpack(res)
     lead = dy.shape[:-1]
-    dy2 = jnp.reshape(dy, (-1, st.n_local)).astype(st.x_dtype)
+    dy2, m = _token_pad.pad_zeros(plan, jnp.reshape(dy, (-1, st.n_local)).astype(st.x_dtype))
     dyq, dbias, amaxes = quantize_grad(plan, _ROLES, axes, dy2, st.b_dtype is not None, scales, rng)
     dx, dk = linear_bwd(plan, axes, res, dyq, st.x_dtype, st.k_dtype)
     if dbias is not None:
         dbias = _sharding.psum(dbias, axes.rows).astype(st.b_dtype)
-    return jnp.reshape(dx, lead + (st.k_local,)), dk.astype(st.k_dtype), dbias, amaxes
+    return jnp.reshape(dx[:m], lead + (st.k_local,)), dk.astype(st.k_dtype), dbias, amaxes
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from te_jax import _delayed, _op_common, _sharding
+from te_jax import _delayed, _op_common, _sharding, _token_pad
 from te_jax._dense import check_dense_blocks, dense_axes, roles_of
 from te_jax._linear import (
     LinearAxes,
@@ -148,15 +148,15 @@ def layernorm_dense(
 def _fwd_local(st: _Static, x, gamma, beta, kernel, bias, scales, rng):
     plan, axes = st.plan, st.axes
     lead = x.shape[:-1]
-    x2 = jnp.reshape(x, (-1, st.h))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)))
     lnq, ln_out, mu, rsigma, x_amax = norm_quantize(
         x2, gamma, beta, st.norm, plan.x, axes.rows, scale=scales.get(_ROLES.x), rng=rng, hp_out=st.return_ln
     )
     y, res, amaxes = linear_fwd(plan, _ROLES, axes, lnq, kernel, bias, scales, st.x_dtype, rng)
     if x_amax is not None:
         amaxes[_ROLES.x] = x_amax
-    y = jnp.reshape(y, lead + (st.n_local,))
-    ln_out = None if ln_out is None else jnp.reshape(ln_out, x.shape)
+    y = jnp.reshape(y[:m], lead + (st.n_local,))
+    ln_out = None if ln_out is None else jnp.reshape(ln_out[:m], x.shape)
     return (y, ln_out), st.layout.pack((x2, mu, rsigma, gamma, res)), amaxes
 
 
@@ -164,17 +164,18 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
     plan, axes = st.plan, st.axes
     x2, mu, rsigma, gamma, lin_res = st.layout.unpack(res)
     lead = dy.shape[:-1]
-    dy2 = jnp.reshape(dy, (-1, st.n_local)).astype(st.x_dtype)
+    dy2, m = _token_pad.pad_zeros(plan, jnp.reshape(dy, (-1, st.n_local)).astype(st.x_dtype))
     dyq, dbias, amaxes = quantize_grad(plan, _ROLES, axes, dy2, st.b_dtype is not None, scales, rng)
     dln_out, dk = linear_bwd(plan, axes, lin_res, dyq, st.x_dtype, st.k_dtype)
     if dln is not None:
-        dln_out = dln_out + jnp.reshape(dln, dln_out.shape).astype(dln_out.dtype)
+        dln2, _ = _token_pad.pad_zeros(plan, jnp.reshape(dln, (m, st.h)))
+        dln_out = dln_out + dln2.astype(dln_out.dtype)
     dx, dgamma, dbeta = norm_backward(dln_out, x2, mu, rsigma, gamma, st.norm, axes.rows)
     if dbias is not None:
         dbias = _sharding.psum(dbias, axes.rows).astype(st.b_dtype)
     dbeta = None if st.beta_dtype is None else dbeta.astype(st.beta_dtype)
     return (
-        jnp.reshape(dx, lead + (st.h,)),
+        jnp.reshape(dx[:m], lead + (st.h,)),
         dgamma.astype(st.g_dtype),
         dbeta,
         dk.astype(st.k_dtype),

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from te_jax import _delayed, _op_common, _sharding
+from te_jax import _delayed, _op_common, _sharding, _token_pad
 from te_jax._activation import activation_kind
 from te_jax._linear import (
     LinearAxes,
@@ -224,7 +224,7 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
     rng1, rng2 = _rngs(rng)
     lead = x.shape[:-1]
     width = st.a * st.f_local
-    x2 = jnp.reshape(x, (-1, st.h))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)))
     lnq, ln_out, mu, rsigma, a1 = norm_quantize(
         x2, gamma, beta, st.norm, plan.x, st.rows, scale=scales.get(FC1.x), rng=rng1, hp_out=st.return_ln
     )
@@ -238,9 +238,9 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
     for role, a in ((FC1.x, a1), (FC2.x, a2)):
         if a is not None:
             amaxes[role] = a
-    ln_out = None if ln_out is None else jnp.reshape(ln_out, x.shape)
+    ln_out = None if ln_out is None else jnp.reshape(ln_out[:m], x.shape)
     res = (x2, mu, rsigma, gamma, pre, res1, res2)
-    return (jnp.reshape(y, lead + (st.h,)), ln_out), st.layout.pack(res), amaxes
+    return (jnp.reshape(y[:m], lead + (st.h,)), ln_out), st.layout.pack(res), amaxes
 
 
 def _bwd_local(st: _Static, res, dy, dln, scales, rng):
@@ -250,7 +250,7 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
     rng1, rng2 = _rngs(rng)
     x2, mu, rsigma, gamma, pre, res1, res2 = st.layout.unpack(res)
     lead = dy.shape[:-1]
-    dy2 = jnp.reshape(dy, (-1, st.h)).astype(st.x_dtype)
+    dy2, m = _token_pad.pad_zeros(plan, jnp.reshape(dy, (-1, st.h)).astype(st.x_dtype))
     dyq, db2, amaxes = quantize_grad(plan, FC2, ax2, dy2, st.b2_dtype is not None, scales, rng2)
     dact, dk2 = linear_bwd(plan, ax2, res2, dyq, st.x_dtype, st.k2_dtype)
     dpreq, db1, amaxes1 = act_grad_quantize(
@@ -259,14 +259,15 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
     amaxes.update(amaxes1)
     dln_out, dk1 = linear_bwd(plan, ax1, res1, dpreq, st.x_dtype, st.k1_dtype)
     if dln is not None:
-        dln_out = dln_out + jnp.reshape(dln, dln_out.shape).astype(dln_out.dtype)
+        dln2, _ = _token_pad.pad_zeros(plan, jnp.reshape(dln, (m, st.h)))
+        dln_out = dln_out + dln2.astype(dln_out.dtype)
     dx, dgamma, dbeta = norm_backward(dln_out, x2, mu, rsigma, gamma, st.norm, st.rows)
     if db1 is not None:
         db1 = jnp.reshape(_sharding.psum(db1, st.rows), (st.a, st.f_local)).astype(st.b1_dtype)
     if db2 is not None:
         db2 = _sharding.psum(db2, st.rows).astype(st.b2_dtype)
     return (
-        jnp.reshape(dx, lead + (st.h,)),
+        jnp.reshape(dx[:m], lead + (st.h,)),
         dgamma.astype(st.g_dtype),
         None if st.beta_dtype is None else dbeta.astype(st.beta_dtype),
         jnp.reshape(dk1, (st.h, st.a, st.f_local)).astype(st.k1_dtype),
