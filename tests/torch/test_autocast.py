@@ -230,7 +230,7 @@ import sys, torch, torch.distributed as dist, te_torch as te
 rank, path = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
 torch.manual_seed(0)
-m = te.Linear(16, 8, device="cpu")
+m = te.Linear(16, 16, device="cpu")
 x = torch.full((2, 16), 1.0 + 3.0 * rank)  # amax 1 on rank 0, 4 on rank 1
 with te.autocast(recipe=te.recipe.DelayedScaling(amax_history_len=2)):
     m(x)

@@ -285,6 +285,8 @@ def test_bad_arguments_say_what_is_expected():
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         with pytest.raises(TypeError, match=r"got torch.float64; cast it"):
             m(torch.randn(4, 64, dtype=torch.float64))
+        with pytest.raises(ValueError, match=r"te.LayerNormLinear: .* out_features is 8; build the layer"):
+            te.LayerNormLinear(64, 8, device="cpu")(torch.randn(16, 64))
     with (
         te.autocast(recipe=recipe.MXFP8BlockScaling()),
         pytest.raises(

@@ -382,6 +382,9 @@ def test_bad_arguments_say_what_is_expected():
             m(torch.randn(4, H))
         with pytest.raises(ValueError, match=r"so ffn_hidden_size must be a multiple of 16, got 40"):
             te.LayerNormMLP(H, 40, device="cpu")(torch.randn(16, H))
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        with pytest.raises(ValueError, match=r"te.LayerNormMLP: .* ffn_hidden_size is 40; build the layer"):
+            te.LayerNormMLP(H, 40, device="cpu")(torch.randn(16, H))
 
 
 def test_calibration_records_each_gemm_input_and_weight():

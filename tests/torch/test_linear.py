@@ -242,6 +242,13 @@ def test_bad_inputs_say_what_to_do():
             m(torch.randn(4, 64))
     with pytest.raises(TypeError, match=r"Linear: fp8_output: expected a bool, got 'yes'"):
         m(torch.randn(4, 64), fp8_output="yes")
+    # per-tensor and block FP8: features a multiple of 16 on every device (cuBLASLt's rule)
+    for r in (recipe.DelayedScaling(), recipe.Float8CurrentScaling(), recipe.Float8BlockScaling()):
+        for k, n, what in ((40, 32, "in_features is 40"), (64, 24, "out_features is 24")):
+            odd = te.Linear(k, n, device="cpu")
+            with te.autocast(recipe=r), pytest.raises(ValueError, match=f"{what}; build the layer"):
+                odd(torch.randn(16, k))
+            assert torch.equal(odd(torch.ones(2, k)), odd(torch.ones(2, k)))  # high precision works
     custom = recipe.CustomRecipe(qfactory=lambda role: None)
     with (
         te.autocast(recipe=custom),

@@ -137,6 +137,23 @@ def check_dims(owner: str, recipe, block: int, inp: torch.Tensor, features: tupl
             )
 
 
+def check_fp8_features(owner: str, recipe, features: tuple) -> None:
+    """Per-tensor and block FP8: each of a GEMM's fixed dimensions (``features``, (name, size)
+    pairs) must be a multiple of 16, as cuBLASLt's FP8 GEMMs need (TE has the same rule); checked
+    on every device, so a layer that trains on the CPU backend runs on the GPU too. Token counts
+    are padded instead (_token_pad); MXFP8 / NVFP4 have check_dims."""
+    if not (recipe.float8_per_tensor_scaling() or recipe.float8_block_scaling()):
+        return
+    for what, n in features:
+        if n % 16:
+            raise ValueError(
+                f"{owner}: {type(recipe).__name__} runs the layer's GEMMs in FP8, whose cuBLASLt "
+                f"kernels need every dimension a multiple of 16, and {what} is {n}; build the layer "
+                f"with {what} a multiple of 16 ({-(-n // 16) * 16} here), or run it outside "
+                "te.autocast (high precision)"
+            )
+
+
 def _splits(recipe) -> tuple[bool, bool, bool]:
     return (
         recipe.fp8_gemm_fprop.use_split_accumulator,
@@ -315,18 +332,21 @@ class FP8Context:
 class GemmState:
     """The recipe state of one quantized GEMM of a module (see the module docstring)."""
 
-    __slots__ = ("ctx", "fwd", "bwd", "owner")
+    __slots__ = ("ctx", "fwd", "bwd", "owner", "features")
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, features: tuple = ()) -> None:
+        """``features``: the GEMM's fixed (name, size) dimensions, checked by check_fp8_features
+        when a per-tensor or block FP8 recipe first runs it."""
         self.ctx: FP8Context | None = None
         self.fwd: DelayedState | None = None
         self.bwd: DelayedState | None = None
         self.owner = owner
+        self.features = features
 
     def __deepcopy__(self, memo) -> GemmState:
         """A copy with its own delayed-scaling buffers; the FP8Context (quantizers viewing the
         original's buffers, the weight cache) is rebuilt on the copy's next quantized call."""
-        new = GemmState(self.owner)
+        new = GemmState(self.owner, self.features)
         new.fwd, new.bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
         return new
 
@@ -353,6 +373,7 @@ class GemmState:
         if c is not None and c.group is group and c.device == device and c.fields == recipe_fields(recipe):
             c.recipe, c.generation = recipe, recipe._generation
             return c
+        check_fp8_features(self.owner, recipe, self.features)
         fwd = bwd = None
         if recipe.delayed():
             fwd, bwd = self.delayed_states(recipe.amax_history_len, device)

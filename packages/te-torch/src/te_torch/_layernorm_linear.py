@@ -114,7 +114,7 @@ class LayerNormLinear(SingleGemmModule):
         register_norm_params(self, in_features, self._rms, params_dtype, device)
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
         self._features = (("in_features", in_features), ("out_features", out_features))
-        self._gemm = GemmState("te.LayerNormLinear")
+        self._gemm = GemmState("te.LayerNormLinear", self._features)
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
         quantize_module_weights(self, self._weight_names, "LayerNormLinear", self._split)

@@ -146,7 +146,8 @@ class LayerNormMLP(QuantizedModule):
         self.fc2_weight = param(hidden_size, ffn_hidden_size)
         self.fc2_bias = param(hidden_size) if bias else None
         self._features = (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size))
-        self._fc1, self._fc2 = GemmState("te.LayerNormMLP"), GemmState("te.LayerNormMLP")
+        self._fc1 = GemmState("te.LayerNormMLP", self._features)
+        self._fc2 = GemmState("te.LayerNormMLP", self._features)
         self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
         self.reset_parameters()
         quantize_module_weights(self, ("fc1_weight", "fc2_weight"), "LayerNormMLP", None)

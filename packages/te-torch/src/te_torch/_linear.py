@@ -151,7 +151,7 @@ class Linear(SingleGemmModule):
             )
         register_linear_params(self, in_features, out_features, bias, self._split, params_dtype, device)
         self._features = (("in_features", in_features), ("out_features", out_features))
-        self._gemm = GemmState("te.Linear")
+        self._gemm = GemmState("te.Linear", self._features)
         self._gemms = {"gemm": self._gemm}
         self.reset_parameters()
         quantize_module_weights(self, self._weight_names, "Linear", self._split)
