@@ -186,7 +186,7 @@ def test_flax_collection_updates():
 
 def test_missing_collection_is_a_clear_error():
     x = jnp.ones((2, 8, 32))
-    model = te_jax.flax.DenseGeneral(8)
+    model = te_jax.flax.DenseGeneral(16)
     params = model.init(jax.random.PRNGKey(0), x)["params"]
     with te_jax.autocast(enabled=True, recipe=recipe.DelayedScaling()):
         with pytest.raises(ValueError, match="DelayedScaling needs the variable fp8_metas/x_scale"):

@@ -214,6 +214,26 @@ def test_errors():
         te_jax.dense(x, w, recipe=recipe.Float8CurrentScaling(), recipe_state={"scale": 1.0})
     with pytest.raises(TypeError, match="recipe: expected None or a te_jax.recipe recipe"):
         te_jax.dense(x, w, recipe="fp8")
+    # per-tensor and block FP8: K and N multiples of 16 on every platform (cuBLASLt's rule)
+    for r in (recipe.Float8CurrentScaling(), recipe.Float8BlockScaling()):
+        with pytest.raises(ValueError, match=r"kernel's K \(x's last dim\): .* and it is 40;"):
+            te_jax.dense(x[..., :40], w[:40], recipe=r)
+        with pytest.raises(ValueError, match=r"kernel's N \(the output's last dim\): .* and it is 24;"):
+            te_jax.dense(x, w[:, :24], recipe=r)
+    assert te_jax.dense(x[..., :40], w[:40]).shape == x.shape[:-1] + (128,)  # high precision: any size
+    h = 256
+    g = jnp.ones((h,), F32)
+    with pytest.raises(ValueError, match=r"F \(kernel_1's last dim\): .* and it is 40;"):
+        te_jax.layernorm_mlp(
+            x,
+            g,
+            g,
+            jnp.ones((h, 1, 40), F32),
+            None,
+            jnp.ones((40, h), F32),
+            None,
+            recipe=recipe.Float8CurrentScaling(),
+        )
     with pytest.raises(NotImplementedError, match="recipe: CustomRecipe is not supported by te_jax"):
         te_jax.dense(x, w, recipe=recipe.CustomRecipe(qfactory=lambda role: None))
 

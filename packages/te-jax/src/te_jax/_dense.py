@@ -61,8 +61,16 @@ class _Static:
 
 
 def check_dense_blocks(plan: Plan, lay: Layout, x_shape, kernel_shape) -> None:
-    """check_blocks for a dense layer's x [..., K], kernel [K, N] and gradient dy [..., N]."""
+    """check_blocks for a dense layer's x [..., K], kernel [K, N] and gradient dy [..., N], and
+    check_fp8_sizes for K and N on one shard."""
     xs, ks = lay.specs[0], lay.specs[1]
+    _op_common.check_fp8_sizes(
+        plan,
+        [
+            ("kernel's K (x's last dim)", kernel_shape[0] // lay.size(entry_axes(ks[0]))),
+            ("kernel's N (the output's last dim)", kernel_shape[1] // lay.size(entry_axes(ks[1]))),
+        ],
+    )
     _op_common.check_blocks(
         plan,
         lay,

@@ -185,6 +185,8 @@ def layernorm_mlp(
             ("intermediate", x.shape[:-1] + (f,), xs[:-1] + (k1s[2],), True),
         ],
     )
+    sizes = [("H (x's last dim)", h), ("F (kernel_1's last dim)", f // lay.size(tp))]
+    _op_common.check_fp8_sizes(plan, sizes)
     st = _Static(
         plan=plan,
         norm=cfg,

@@ -76,6 +76,30 @@ def check_blocks(plan: Plan, lay: Layout, operands) -> None:
                     )
 
 
+_PER_TENSOR_OR_BLOCK = {
+    "delayed": "DelayedScaling",
+    "current": "Float8CurrentScaling",
+    "block": "Float8BlockScaling",
+}
+
+
+def check_fp8_sizes(plan: Plan, sizes) -> None:
+    """Per-tensor and block FP8: each GEMM size in ``sizes`` ((description, size on one
+    shard) pairs) must be a multiple of 16, as cuBLASLt's FP8 GEMMs need (TE has the rule too);
+    checked on every platform, so what runs on the CPU backend runs on a GPU. Token counts are
+    padded instead (_token_pad)."""
+    name = None if plan.x is None else _PER_TENSOR_OR_BLOCK.get(plan.x.kind)
+    if name is None:
+        return
+    for what, n in sizes:
+        if n % 16:
+            raise ValueError(
+                f"{what}: {name} runs the GEMMs in FP8, whose cuBLASLt kernels need every dimension "
+                f"a multiple of 16, and it is {n}; use a size that is (per shard where it is split), "
+                "or run the layer without a recipe (high precision)"
+            )
+
+
 def _block_name(plan: Plan) -> str:
     return {"block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling"}[
         plan.x.kind
