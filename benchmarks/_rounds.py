@@ -47,24 +47,13 @@ def ratio(per: dict[str, list[float]], base: str, name: str) -> float | None:
     return statistics.median(b / t for b, t in pairs) if pairs else None
 
 
-def cuda_event_ms(fn: Callable[[], object]) -> float:
-    """One call of fn between two CUDA events on torch's current stream, waited for, in ms
-    (host overhead included, as a user sees it)."""
+def cuda_event_ms(fn: Callable[[], object], steps: int = 1) -> float:
+    """``steps`` calls of fn back to back between two CUDA events on torch's current stream,
+    waited for once, in ms per call (host overhead included, as a user sees it). One step: its
+    latency, the host's time to its first kernel included; several (functools.partial): a
+    training loop's throughput, where the host enqueues a step while the GPU still runs the
+    previous one (host time still counts wherever it exceeds the GPU's)."""
     import torch  # here: jax_dense.py uses this module without torch
-
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
-
-
-def cuda_event_ms_back_to_back(fn: Callable[[], object], steps: int = 10) -> float:
-    """``steps`` calls of fn back to back between two CUDA events, waited for once, in ms per
-    call: a training loop's throughput, where the host enqueues a step while the GPU still runs
-    the previous one (host time still counts wherever it exceeds the GPU's)."""
-    import torch
 
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()

@@ -15,6 +15,7 @@ from _step_pair import RECIPES, assert_same, assert_same_state, calls, grads, pa
 from te_core import _C
 from te_torch import _layernorm_linear_step
 from te_torch._dtypes import TE_DTYPE
+from te_torch._kernels import spec
 
 
 def _make(k=128, n=80, dtype=torch.float32, **kw):
@@ -146,19 +147,15 @@ def test_fallbacks_run_op_by_op(monkeypatch):
     assert len(seen) == 1
 
 
-def _spec(t):
-    return (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, -1)
-
-
 def test_entry_point_errors():
     x, g = torch.randn(4, 16), torch.ones(16)
     mu, rs, out = torch.empty(4), torch.empty(4), torch.empty(4, 8)
-    w = (2, 0, _spec(torch.randn(8, 16)), None, None, None)
+    w = (2, 0, spec(torch.randn(8, 16)), None, None, None)
     cfg = _C.GemmConfig(False, True, 1.0, 0.0, 0)
     ncfg = _C.NormConfig(eps=1e-5, zero_centered_gamma=False)
     quant = (0, TE_DTYPE[torch.float8_e4m3fn], None, None, None)
-    norm = [False, _spec(x), _spec(g), None, (quant, 1, 0), _spec(mu), _spec(rs), ncfg]
-    args = [*norm, w, None, _spec(out), cfg, 0]
+    norm = [False, spec(x), spec(g), None, (quant, 1, 0), spec(mu), spec(rs), ncfg]
+    args = [*norm, w, None, spec(out), cfg, 0]
 
     def fwd(i, value):
         bad = list(args)
@@ -166,7 +163,7 @@ def test_entry_point_errors():
         _C.layernorm_linear_fwd(*bad)
 
     with pytest.raises(ValueError, match="beta: expected None for RMSNorm"):
-        _C.layernorm_linear_fwd(True, *args[1:3], _spec(g), *args[4:])
+        _C.layernorm_linear_fwd(True, *args[1:3], spec(g), *args[4:])
     with pytest.raises(TypeError, match=r"ln_out: expected a packed target \(quant, row ptr, col ptr\)"):
         fwd(4, (quant, 1))
     with pytest.raises(TypeError, match=r"ln_out: expected quant = \(mode, fp8 dtype"):
@@ -179,8 +176,8 @@ def test_entry_point_errors():
         fwd(11, None)
     with pytest.raises(TypeError, match="x: expected None, a Tensor or a"):
         fwd(1, "x")
-    dy = (2, 0, _spec(out), None, None, None)
-    dln = _spec(torch.empty(4, 16))
+    dy = (2, 0, spec(out), None, None, None)
+    dln = spec(torch.empty(4, 16))
     with pytest.raises(
         ValueError, match="norm: expected the norm backward's tuple exactly when dln is given"
     ):
@@ -190,8 +187,8 @@ def test_entry_point_errors():
     ):
         _C.layernorm_linear_bwd(dy, None, None, w, dln, cfg, None, None, (False,), 0)
     with pytest.raises(ValueError, match="dbias: expected None when dy is given quantized"):
-        _C.layernorm_linear_bwd(dy, _spec(torch.empty(8)), None, None, None, None, None, None, None, 0)
-    norm = (True, _spec(x), _spec(mu), _spec(rs), _spec(g), _spec(x), _spec(g), None, ncfg)
+        _C.layernorm_linear_bwd(dy, spec(torch.empty(8)), None, None, None, None, None, None, None, 0)
+    norm = (True, spec(x), spec(mu), spec(rs), spec(g), spec(x), spec(g), None, ncfg)
     with pytest.raises(ValueError, match="norm: expected mu and dbeta None for RMSNorm"):
         _C.layernorm_linear_bwd(dy, None, None, w, dln, cfg, None, None, norm, 0)
     with pytest.raises(TypeError, match=r"norm\[8\]: expected a NormConfig"):

@@ -15,6 +15,7 @@ from _step_pair import RECIPES, assert_same, assert_same_state, calls, grads, pa
 from te_core import _C
 from te_torch import _layernorm_mlp_step
 from te_torch._dtypes import TE_DTYPE
+from te_torch._kernels import spec
 
 
 def _make(hidden=128, ffn=256, dtype=torch.float32, **kw):
@@ -141,20 +142,16 @@ def test_fallbacks_run_op_by_op(monkeypatch):
     assert len(seen) == 1
 
 
-def _spec(t):
-    return (t.data_ptr(), TE_DTYPE[t.dtype], t.shape, -1)
-
-
 def test_entry_point_errors():
     x, g, h, out = torch.randn(4, 16), torch.ones(16), torch.empty(4, 32), torch.empty(4, 16)
     mu, rs = torch.empty(4), torch.empty(4)
-    w1 = (2, 0, _spec(torch.randn(32, 16)), None, None, None)
-    w2 = (2, 0, _spec(torch.randn(16, 32)), None, None, None)
+    w1 = (2, 0, spec(torch.randn(32, 16)), None, None, None)
+    w2 = (2, 0, spec(torch.randn(16, 32)), None, None, None)
     cfg = _C.GemmConfig(False, True, 1.0, 0.0, 0)
     ncfg = _C.NormConfig(eps=1e-5, zero_centered_gamma=False)
     quant = (0, TE_DTYPE[torch.float8_e4m3fn], None, None, None)
-    norm = [False, _spec(x), _spec(g), None, (quant, 1, 0), _spec(mu), _spec(rs), ncfg]
-    args = [*norm, w1, None, _spec(h), cfg, 0, (quant, 1, 0), w2, None, _spec(out), cfg, 0]
+    norm = [False, spec(x), spec(g), None, (quant, 1, 0), spec(mu), spec(rs), ncfg]
+    args = [*norm, w1, None, spec(h), cfg, 0, (quant, 1, 0), w2, None, spec(out), cfg, 0]
 
     def fwd(i, value):
         bad = list(args)
@@ -162,7 +159,7 @@ def test_entry_point_errors():
         _C.layernorm_mlp_fwd(*bad)
 
     with pytest.raises(ValueError, match="beta: expected None for RMSNorm"):
-        _C.layernorm_mlp_fwd(True, *args[1:3], _spec(g), *args[4:])
+        _C.layernorm_mlp_fwd(True, *args[1:3], spec(g), *args[4:])
     with pytest.raises(TypeError, match=r"ln_out: expected a packed target"):
         fwd(4, None)
     with pytest.raises(TypeError, match="w1: expected an operand tuple"):
@@ -175,22 +172,22 @@ def test_entry_point_errors():
         fwd(14, (5,))
     with pytest.raises(TypeError, match="fc2_config: expected a GemmConfig, got None"):
         fwd(17, None)
-    dy = (2, 0, _spec(out), None, None, None)
-    da = _spec(h)
+    dy = (2, 0, spec(out), None, None, None)
+    da = spec(h)
     fc2 = (dy, None, None, w2, da, cfg, None, None)
     with pytest.raises(
         TypeError, match=r"fc2: expected \(dy, dbias, x, w, dx, dgrad_config, dw, wgrad_config\)"
     ):
         _C.layernorm_mlp_bwd(fc2[:3], 0, None, None, None, 0)
     with pytest.raises(ValueError, match="fc1: expected FC1's backward tuple exactly when fc2's dx"):
-        _C.layernorm_mlp_bwd(fc2, 0, _spec(h), None, None, 0)
+        _C.layernorm_mlp_bwd(fc2, 0, spec(h), None, None, 0)
     with pytest.raises(TypeError, match="fc2.dgrad_config: expected a GemmConfig"):
-        _C.layernorm_mlp_bwd((*fc2[:5], None, None, None), 0, _spec(h), None, None, 0)
-    fc1 = ((quant, 1, 0), None, None, w1, _spec(x), cfg, None, None)
+        _C.layernorm_mlp_bwd((*fc2[:5], None, None, None), 0, spec(h), None, None, 0)
+    fc1 = ((quant, 1, 0), None, None, w1, spec(x), cfg, None, None)
     with pytest.raises(TypeError, match=r"fc1.g1: expected a packed target"):
-        _C.layernorm_mlp_bwd(fc2, 0, _spec(h), (dy, *fc1[1:]), None, 0)
+        _C.layernorm_mlp_bwd(fc2, 0, spec(h), (dy, *fc1[1:]), None, 0)
     with pytest.raises(ValueError, match="norm: expected the norm backward's tuple exactly when fc1's dx"):
-        _C.layernorm_mlp_bwd(fc2, 0, _spec(h), fc1, None, 0)
+        _C.layernorm_mlp_bwd(fc2, 0, spec(h), fc1, None, 0)
 
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))

@@ -76,7 +76,8 @@ def check_blocks(plan: Plan, lay: Layout, operands) -> None:
                     )
 
 
-_PER_TENSOR_OR_BLOCK = {
+# the per-tensor and block FP8 kinds (cuBLASLt's multiple-of-16 rule; _token_pad), by recipe
+FP8_RECIPE_OF_KIND = {
     "delayed": "DelayedScaling",
     "current": "Float8CurrentScaling",
     "block": "Float8BlockScaling",
@@ -88,7 +89,7 @@ def check_fp8_sizes(plan: Plan, sizes) -> None:
     shard) pairs) must be a multiple of 16, as cuBLASLt's FP8 GEMMs need (TE has the rule too);
     checked on every platform, so what runs on the CPU backend runs on a GPU. Token counts are
     padded instead (_token_pad)."""
-    name = None if plan.x is None else _PER_TENSOR_OR_BLOCK.get(plan.x.kind)
+    name = None if plan.x is None else FP8_RECIPE_OF_KIND.get(plan.x.kind)
     if name is None:
         return
     for what, n in sizes:

@@ -20,16 +20,16 @@ import logging
 
 import jax.numpy as jnp
 
+from te_jax._op_common import FP8_RECIPE_OF_KIND
 from te_jax._quantizer import Plan
 
 ALIGN = 16
-_PADDED_KINDS = ("delayed", "current", "block")
 _told = False
 
 
 def count(plan: Plan, rows: int) -> int:
     """How many rows pad ``rows`` to a multiple of ALIGN under ``plan`` (0: none needed)."""
-    if plan.x is None or plan.x.kind not in _PADDED_KINDS:
+    if plan.x is None or plan.x.kind not in FP8_RECIPE_OF_KIND:
         return 0
     return -rows % ALIGN
 
