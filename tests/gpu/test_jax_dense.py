@@ -1,10 +1,8 @@
 """te_jax.dense on a CUDA device against the same call on te's CPU backend.
 
-Only dense is tested here: te-core's CUDA norm kernels are not implemented yet (te_layernorm_fwd
-& co. return te's "not implemented yet" on CUDA), so te_jax.layernorm runs on the CPU backend only
-(tests/jax); the CUDA activation kernels are checked against the CPU backend in
-tests/gpu/test_activation.py. Inputs are made once on the CPU and
-copied to the GPU. Tolerances (normwise relative error, gpu vs cpu): 1e-5 for fp32 high precision,
+The functional dense op only (the Flax modules, norms and MLPs: tests/gpu/test_jax_flax.py), with a
+token count that is a multiple of 16 and one that is not (21: te_jax pads each shard's rows for the
+FP8 GEMMs and slices the results back). Inputs are made once on the CPU and copied to the GPU. Tolerances (normwise relative error, gpu vs cpu): 1e-5 for fp32 high precision,
 2e-3 for FP8 recipes (fprop uses fast accumulation under Float8CurrentScaling).
 
 Run on the GPU machine: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/gpu/test_jax_dense.py
@@ -34,13 +32,14 @@ def rel(a, b):
     ids=["hp", "current", "block"],
 )
 @pytest.mark.parametrize("use_bias", [True, False])
-def test_dense_gpu_matches_cpu(r, tol, use_bias):
+@pytest.mark.parametrize("lead", [(2, 128), (3, 7)], ids=["256tok", "21tok"])
+def test_dense_gpu_matches_cpu(r, tol, use_bias, lead):
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     with jax.default_device(CPU):
-        x = jax.random.normal(ks[0], (2, 128, 256), jnp.float32)
+        x = jax.random.normal(ks[0], (*lead, 256), jnp.float32)
         w = jax.random.normal(ks[1], (256, 384), jnp.float32) / 16
         b = jax.random.normal(ks[2], (384,), jnp.float32) if use_bias else None
-        dy = jax.random.normal(ks[3], (2, 128, 384), jnp.float32)
+        dy = jax.random.normal(ks[3], (*lead, 384), jnp.float32)
 
     def run(device):
         args = jax.device_put((x, w, b, dy), device)
