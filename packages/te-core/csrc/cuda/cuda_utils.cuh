@@ -34,6 +34,22 @@ inline void check_cuda(cudaError_t e, const char* what) {
 // After a launch: reports a launch-configuration error with the kernel's name.
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
+// Makes this thread's stream-capture mode relaxed while it lives: one-time allocations
+// (cudaMalloc, cudaMemPoolCreate) made by the first call on a stream that is capturing a CUDA
+// graph are refused in the default (global) mode. torch's caching allocator does the same.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode");
+  }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // Multiprocessor count of the current device (cached per device ordinal; device.cu).
 int sm_count();
 

@@ -173,15 +173,20 @@ struct PairHash {
 };
 
 // te's own workspace for a stream: allocated on first use, kept for the process (stream-ordered
-// reuse by every GEMM on that stream is safe: cuBLASLt's work on one stream is serial).
+// reuse by every GEMM on that stream is safe: cuBLASLt's work on one stream is serial). The first
+// GEMM on a stream may come while that stream captures a CUDA graph (torch.cuda.graph's capture
+// stream); a graph keeps the pointer, which stays valid for the process.
 void* stream_workspace(int device, cudaStream_t stream) {
   static std::unordered_map<std::pair<int, cudaStream_t>, void*, PairHash> workspaces;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = workspaces.find({device, stream});
   if (it != workspaces.end()) return it->second;
   void* p = nullptr;
-  check_cuda(cudaMalloc(&p, kDefaultWorkspaceBytes),
-             "cudaMalloc of te's 32 MiB cuBLASLt workspace (pass config.workspace to avoid it)");
+  {
+    RelaxedCapture relaxed;
+    check_cuda(cudaMalloc(&p, kDefaultWorkspaceBytes),
+               "cudaMalloc of te's 32 MiB cuBLASLt workspace (pass config.workspace to avoid it)");
+  }
   workspaces.emplace(std::make_pair(device, stream), p);
   return p;
 }

@@ -18,6 +18,7 @@ cudaMemPool_t pool_for_current_device() {
   if (device < 0 || device >= kMaxDevices) fail(TE_ERROR_UNSUPPORTED, "CUDA device ", device);
   std::lock_guard<std::mutex> lock(mutex);
   if (pools[device] == nullptr) {
+    RelaxedCapture relaxed;  // the first scratch may be asked for inside a graph capture
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
