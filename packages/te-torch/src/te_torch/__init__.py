@@ -14,6 +14,8 @@ This slice provides TE's quantizers and quantized tensors:
   Float8CurrentScaling or Float8BlockScaling (the norm and activation kernels write the next
   GEMM's FP8 input directly), or MXFP8BlockScaling / NVFP4BlockScaling (emulated: te-core
   dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike);
+- ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
+  recipe and its scaling updates inside the graphs;
 - ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
   weights only (train them with fp32 master weights; see its docstring);
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
@@ -40,6 +42,7 @@ from te_torch._availability import is_mxfp8_available as is_mxfp8_available
 from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
+from te_torch._graphs import make_graphed_callables as make_graphed_callables
 from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
 from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
@@ -80,6 +83,7 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "fp8_autocast",
+    "make_graphed_callables",
     "quantized_model_init",
     "fp8_model_init",
     "is_fp8_available",

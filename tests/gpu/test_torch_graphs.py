@@ -1,0 +1,140 @@
+"""te.make_graphed_callables on CUDA: the replayed graphs against an eager twin of each module.
+
+A graph replays the kernels the eager step launches, with the same arguments (cuBLASLt's plan
+cache gives both the same algorithm), and the DelayedScaling updates run inside the graphs, so
+outputs, every gradient and the scaling state must agree bit for bit step after step. Also: the
+warmup before capture leaves the scaling state and main_grad as they were, a region with
+enabled=False evaluates a graphed FP8 model in BF16, and the graph really is replayed (the
+module's Python forward does not run)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+te = pytest.importorskip("te_torch")
+CUDA = torch.device("cuda")
+BF16 = torch.bfloat16
+RECIPES = {
+    "bf16": None,
+    "delayed": te.recipe.DelayedScaling(amax_history_len=4),
+    "current": te.recipe.Float8CurrentScaling(),
+    "block": te.recipe.Float8BlockScaling(),
+}
+MODULES = {
+    "Linear": lambda: te.Linear(256, 384, params_dtype=BF16, device=CUDA),
+    "LayerNormLinear": lambda: te.LayerNormLinear(256, 384, params_dtype=BF16, device=CUDA),
+    "LayerNormMLP": lambda: te.LayerNormMLP(256, 512, params_dtype=BF16, device=CUDA),
+    "Sequential": lambda: torch.nn.Sequential(
+        te.LayerNormLinear(256, 512, params_dtype=BF16, device=CUDA),
+        te.Linear(512, 256, params_dtype=BF16, device=CUDA),
+    ),
+}
+OUT = {"Linear": 384, "LayerNormLinear": 384, "LayerNormMLP": 256, "Sequential": 256}
+
+
+def _states(m):
+    return [
+        t.clone()
+        for mod in m.modules()
+        if hasattr(mod, "_gemms")
+        for g in mod._gemms.values()
+        for st in (g.fwd, g.bwd)
+        if st is not None
+        for t in (st.amax_history, st.scale)
+    ]
+
+
+def _step(m, x, dy, r):
+    x = x.detach().requires_grad_(True)
+    with te.autocast(enabled=r is not None, recipe=r):
+        y = m(x)
+    y.backward(dy)
+    grads = [p.grad.clone() for p in m.parameters() if p.grad is not None]
+    m.zero_grad(set_to_none=True)
+    return [y.detach().clone(), x.grad.clone(), *grads]
+
+
+def _graphed_step(g, x, dy):
+    x = x.detach().requires_grad_(True)
+    y = g(x)
+    y.backward(dy)
+    grads = [p.grad.clone() for p in g.parameters() if p.grad is not None]
+    g.zero_grad(set_to_none=True)
+    return [y.detach().clone(), x.grad.clone(), *grads]
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+@pytest.mark.parametrize("rname", list(RECIPES))
+def test_graphs_replay_the_eager_step_bit_for_bit(name, rname):
+    r = RECIPES[rname]
+    torch.manual_seed(0)
+    graphed = MODULES[name]()
+    eager = copy.deepcopy(graphed)
+    before = _states(graphed)
+    sample = torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True)
+    g = te.make_graphed_callables(graphed, (sample,), enabled=r is not None, recipe=r)
+    after = _states(graphed)
+    if before:
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    else:  # created by the warmup, then reset: a fresh state
+        for h, s in zip(after[0::2], after[1::2], strict=True):
+            assert not h.any() and bool((s == 1).all())
+    calls = []
+    hook_target = graphed if name != "Sequential" else graphed[0]
+    hook_target.register_forward_pre_hook(lambda *a: calls.append(1))
+    for _ in range(3):
+        x = torch.randn(64, 256, device=CUDA, dtype=BF16)
+        dy = torch.randn(64, OUT[name], device=CUDA, dtype=BF16)
+        got, want = _graphed_step(g, x, dy), _step(eager, x, dy, r)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(_states(graphed), _states(eager), strict=True))
+    if name == "Sequential":
+        assert not calls  # the inner modules' Python never ran: the graph did
+    if rname == "delayed":
+        assert any(t.abs().sum() > 0 for t in _states(graphed)[0::2])
+
+
+def test_warmup_leaves_main_grad_alone_and_graphs_accumulate_into_it():
+    torch.manual_seed(1)
+    m = te.Linear(256, 384, params_dtype=BF16, device=CUDA, fuse_wgrad_accumulation=True)
+    m.weight.main_grad = torch.full((384, 256), 0.5, device=CUDA)
+    twin = copy.deepcopy(m)
+    twin.weight.main_grad = m.weight.main_grad.clone()
+    r = RECIPES["delayed"]
+    sample = torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True)
+    # allow_unused_input: with main_grad the weight's gradient goes there, not to weight.grad
+    g = te.make_graphed_callables(m, (sample,), allow_unused_input=True, enabled=True, recipe=r)
+    assert bool((m.weight.main_grad == 0.5).all())
+    for _ in range(2):
+        x = torch.randn(64, 256, device=CUDA, dtype=BF16)
+        dy = torch.randn(64, 384, device=CUDA, dtype=BF16)
+        got, want = _graphed_step(g, x, dy), _step(twin, x, dy, r)
+        assert len(got) == len(want) == 3  # y, dx, the bias gradient (the weight's is in main_grad)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(m.weight.main_grad, twin.weight.main_grad)
+    assert not torch.equal(m.weight.main_grad, torch.full_like(m.weight.main_grad, 0.5))
+
+
+def test_a_graphed_fp8_model_evaluates_in_bf16_inside_a_disabled_region():
+    torch.manual_seed(2)
+    m = te.LayerNormMLP(256, 512, params_dtype=BF16, device=CUDA)
+    twin = copy.deepcopy(m)
+    g = te.make_graphed_callables(
+        m,
+        (torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True),),
+        enabled=True,
+        recipe=RECIPES["current"],
+    )
+    x = torch.randn(64, 256, device=CUDA, dtype=BF16)
+    with torch.no_grad():
+        with te.autocast(enabled=False):
+            hp = g(x)
+        fp8 = g(x)
+        assert torch.equal(hp, twin(x))
+        with te.autocast(recipe=RECIPES["current"]):
+            assert torch.equal(fp8, twin(x))
+    assert not torch.equal(hp, fp8)
