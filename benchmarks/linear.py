@@ -5,6 +5,9 @@ run). Rows, measured in the same run:
   torch nn.Linear BF16                      the baseline every ratio divides
   te.Linear BF16 (no autocast)
   te.Linear under te.autocast with DelayedScaling, Float8CurrentScaling, Float8BlockScaling
+  te.Linear DelayedScaling / Float8CurrentScaling through te.make_graphed_callables (CUDA graphs
+    of the forward and the backward; the input and the output gradient are copied into the
+    graph's static buffers each step, as in a training loop)
   torchao float8 tensorwise and rowwise, with torch.compile (where torchao imports)
 End to end as a user sees it, CUDA events around the Python calls (host overhead included), two
 ways: "synced", one step between the events and waited for (TE's figures in GPU.md were taken
@@ -47,6 +50,20 @@ def fwd_bwd(module, x, dy, recipe=None):
                 y = module(x)
         y.backward(dy)
         module.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return step
+
+
+def graphed_step(module, x, dy, recipe):
+    """fwd_bwd through te.make_graphed_callables: a copy of ``module`` captured with a sample
+    input of its own, so each step copies ``x`` (and ``dy``) into the graphs' static buffers."""
+    m = copy.deepcopy(module)
+    g = te.make_graphed_callables(m, (torch.empty_like(x).requires_grad_(),), enabled=True, recipe=recipe)
+
+    def step():
+        g(x).backward(dy)
+        m.zero_grad(set_to_none=True)
         x.grad = None
 
     return step
@@ -96,6 +113,8 @@ def main() -> int:
             mine.bias.copy_(ref.bias)
         steps = {"torch nn.Linear BF16": fwd_bwd(ref, x, dy), "te.Linear BF16": fwd_bwd(mine, x, dy)}
         steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items()})
+        for name in ("te DelayedScaling", "te Float8CurrentScaling"):
+            steps[f"{name} + CUDA graphs"] = graphed_step(mine, x, dy, recipes[name])
         steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
         print(f"\nLinear {k} -> {n}, fwd+bwd: synced (one step per pair of events), back to back")
         per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup)

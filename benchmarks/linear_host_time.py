@@ -1,6 +1,6 @@
 """Host time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
-dominates): te.Linear under each FP8 recipe against torch.nn.Linear, and te's high-precision GEMM
-against F.linear. Two figures per row, both medians over ``--rounds`` rounds in which every row runs
+dominates): te.Linear under each FP8 recipe (eagerly, and through te.make_graphed_callables)
+against torch.nn.Linear, and te's high-precision GEMM against F.linear. Two figures per row, both medians over ``--rounds`` rounds in which every row runs
 ``--steps`` steps in turn (a row's ratio to torch is the median of its per-round ratios, so a slow
 spell of the shared host hits both sides alike):
 
@@ -99,6 +99,19 @@ def main() -> None:
 
         return step
 
+    def te_graphed(recipe):
+        # te.make_graphed_callables: one replay of the forward and of the backward graph per step
+        # (on the CPU nothing is captured and this row is the eager step again)
+        mod = te.Linear(a.k, a.n, device=dev, params_dtype=dtype)
+        g = te.make_graphed_callables(
+            mod, (x.detach().clone().requires_grad_(),), enabled=True, recipe=recipe
+        )
+
+        def step():
+            g(x).backward(dy)
+
+        return step
+
     def te_hp_step():
         m(x).backward(dy)
 
@@ -112,6 +125,10 @@ def main() -> None:
     rows = [
         ("torch nn.Linear fwd+bwd", torch_step),
         *((f"te.Linear fp8 {name} scaling fwd+bwd", te_fp8(r)) for name, r in recipes.items()),
+        *(
+            (f"te.Linear fp8 {name} + CUDA graphs", te_graphed(recipes[name]))
+            for name in ("delayed", "current")
+        ),
         ("te.Linear outside autocast fwd+bwd", te_hp_step),
         ("F.linear (forward GEMM only)", lambda: F.linear(xd, w)),
         ("te.functional.gemm (forward GEMM only)", lambda: te.functional.gemm(xd, w)),
