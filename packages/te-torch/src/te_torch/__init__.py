@@ -16,6 +16,8 @@ This slice provides TE's quantizers and quantized tensors:
   dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike);
 - ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
   recipe and its scaling updates inside the graphs;
+- ``checkpoint``: activation recomputation under the forward's FP8 state (torch's checkpoint
+  recomputes te modules outside their te.autocast region);
 - ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
   weights only (train them with fp32 master weights; see its docstring);
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
@@ -41,6 +43,7 @@ from te_torch._availability import is_fp8_block_scaling_available as is_fp8_bloc
 from te_torch._availability import is_mxfp8_available as is_mxfp8_available
 from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
+from te_torch._checkpoint import checkpoint as checkpoint
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
 from te_torch._graphs import make_graphed_callables as make_graphed_callables
 from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
@@ -84,6 +87,7 @@ __all__ = [
     "autocast",
     "fp8_autocast",
     "make_graphed_callables",
+    "checkpoint",
     "quantized_model_init",
     "fp8_model_init",
     "is_fp8_available",

@@ -1,0 +1,103 @@
+"""te.checkpoint: a checkpointed segment trains exactly as the same segment run plainly, under
+every recipe, reentrant or not: outputs, input and parameter gradients and the delayed-scaling
+state agree bit for bit step after step (the recomputation runs under the forward's region and
+scales and leaves the scaling state as it found it)."""
+
+import copy
+
+import pytest
+import te_torch as te
+import torch
+from te_torch import recipe
+
+RECIPES = {
+    "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),
+    "current": recipe.Float8CurrentScaling,
+    "block": recipe.Float8BlockScaling,
+}
+SEGMENTS = {
+    "linear": lambda: te.Linear(64, 64),
+    "ln_mlp": lambda: te.LayerNormMLP(64, 128),
+    "stack": lambda: torch.nn.Sequential(te.LayerNormLinear(64, 128), torch.nn.GELU(), te.Linear(128, 64)),
+}
+
+
+def _states(m):
+    return [
+        t.clone()
+        for mod in m.modules()
+        if hasattr(mod, "_gemms")
+        for g in mod._gemms.values()
+        for st in (g.fwd, g.bwd)
+        if st is not None
+        for t in (st.amax_history, st.scale)
+    ]
+
+
+def _run(m, x, r, ckpt):
+    x = x.detach().requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = ckpt(m, x) if ckpt else m(x)
+    (y * y).sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    return [y.detach(), x.grad, *grads]
+
+
+@pytest.mark.parametrize("seg", list(SEGMENTS))
+@pytest.mark.parametrize("rname", list(RECIPES))
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_checkpointed_segment_trains_as_the_plain_one(seg, rname, reentrant):
+    torch.manual_seed(0)
+    plain = SEGMENTS[seg]()
+    ckpt = copy.deepcopy(plain)
+    r = RECIPES[rname]()
+
+    def run_ckpt(m, x):
+        return te.checkpoint(m, x, use_reentrant=reentrant)
+
+    for step in range(3):
+        x = torch.randn(32, 64)
+        got, want = _run(ckpt, x, r, run_ckpt), _run(plain, x, r, None)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), step
+        for a, b in zip(_states(ckpt), _states(plain), strict=True):
+            assert torch.equal(a, b), step
+    if rname == "delayed":  # the scales moved between forward and recomputation, and were replayed
+        assert any(not torch.equal(s, torch.ones_like(s)) for s in _states(ckpt)[1::2])
+
+
+def test_a_region_inside_the_segment_and_rng_are_replayed():
+    torch.manual_seed(1)
+    lin = te.Linear(64, 64)
+    twin = copy.deepcopy(lin)
+    r = RECIPES["delayed"]()
+
+    def segment(m, x):
+        with te.autocast(recipe=r):  # updated at its exit, inside the checkpointed forward
+            h = m(x)
+        return torch.nn.functional.dropout(h, 0.5, training=True)
+
+    for _ in range(3):
+        x = torch.randn(16, 64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        torch.manual_seed(7)
+        ya = te.checkpoint(segment, lin, xa)
+        ya.sum().backward()
+        torch.manual_seed(7)
+        yb = segment(twin, xb)
+        yb.sum().backward()
+        assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+        assert torch.equal(lin.weight.grad, twin.weight.grad)
+        lin.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        for a, b in zip(_states(lin), _states(twin), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="function: expected a callable"):
+        te.checkpoint(3, torch.ones(2))
+    for kw in ("distribute_saved_activations", "tp_group"):
+        with pytest.raises(NotImplementedError, match=kw):
+            te.checkpoint(torch.nn.Identity(), torch.ones(2), **{kw: True})
