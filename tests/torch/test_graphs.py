@@ -97,6 +97,18 @@ def test_a_region_that_differs_runs_the_module_eagerly_and_says_so(caplog):
     _assert_same(_step(g, x, dy, RECIPES["block"]), _step(eager, x, dy, RECIPES["block"]))
 
 
+def test_a_recipe_changed_in_place_after_capture_runs_eagerly(caplog):
+    r = recipe.DelayedScaling(amax_history_len=4)
+    graphed, eager = _pair(MODULES["linear"])
+    g = te.make_graphed_callables(graphed, (torch.randn(32, 64, requires_grad=True),), enabled=True, recipe=r)
+    r.fp8_format = recipe.Format.E4M3  # the graphs hold the HYBRID quantizers
+    x, dy = torch.randn(32, 64), torch.randn(32, 48)
+    with caplog.at_level(logging.INFO, logger="te"):
+        got = _step(g, x, dy, region=False)
+    assert any("changed in place" in m.getMessage() for m in caplog.records)
+    _assert_same(got, _step(eager, x, dy, r))
+
+
 def test_other_shapes_and_eval_mode_run_eagerly():
     graphed, eager = _pair(MODULES["linear"])
     g = te.make_graphed_callables(graphed, (torch.randn(32, 64, requires_grad=True),), enabled=True)

@@ -13,8 +13,9 @@ Decisions (the TE issues they answer are in docs/graphs.rst):
   and on ``main_grad`` (fuse_wgrad_accumulation) is undone afterwards, so graphing a module does
   not change how it trains.
 - A graphed callable replays its graphs when it is called outside any te.autocast region, or in a
-  region with the captured enabled / calibrating / recipe, with the captured argument shapes,
-  dtypes and non-tensor keyword values, and (a module) in the captured train / eval mode.
+  region with the captured enabled / calibrating / recipe (not changed in place since), with the
+  captured argument shapes, dtypes and non-tensor keyword values, and (a module) in the captured
+  train / eval mode.
   Otherwise it runs its ordinary forward eagerly, under the caller's region (outside any: the
   captured one), and says so once at INFO: a region with ``enabled=False`` around a graphed FP8
   model evaluates it in high precision, and a smaller last batch runs rather than being
@@ -108,6 +109,7 @@ class _Dispatch:
         self.region = region
         self.enabled, self.calibrating, self.recipe, _ = region
         self.fields = recipe_fields(self.recipe) if self.recipe is not None else None
+        self.generation = self.recipe._generation if self.recipe is not None else None
 
     def __call__(self, *args, **kwargs):
         why = self._mismatch(args, kwargs)
@@ -124,6 +126,8 @@ class _Dispatch:
 
     def _mismatch(self, args: tuple, kwargs: dict) -> str | None:
         s = STATE
+        if self.generation is not None and self.recipe._generation != self.generation:
+            return "the recipe, changed in place since,"
         if s.depth and (s.fp8 != self.enabled or s.calibrating != self.calibrating):
             return "te.autocast's enabled / calibrating"
         if s.depth and (s.fp8 or s.calibrating) and s.recipe is not self.recipe:
