@@ -1,8 +1,9 @@
 """Host time of one small Linear forward+backward (default 16x1024 -> 1024, where host overhead
 dominates): te.Linear under each FP8 recipe (eagerly, and through te.make_graphed_callables)
-against torch.nn.Linear, and te's high-precision GEMM against F.linear. Two figures per row, both medians over ``--rounds`` rounds in which every row runs
-``--steps`` steps in turn (a row's ratio to torch is the median of its per-round ratios, so a slow
-spell of the shared host hits both sides alike):
+against torch.nn.Linear, and te's high-precision GEMM against F.linear. Two figures per row, both
+medians over ``--rounds`` rounds in which every row runs ``--steps`` steps in turn (a row's ratio
+to torch is the median of its per-round ratios, so a slow spell of the shared host hits both sides
+alike):
 
   host    steps back to back, one synchronize after the last: the CPU time per step (the GPU's
           work per step, tens of us, is far shorter than the host's, so it hides behind it)

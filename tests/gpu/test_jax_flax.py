@@ -78,7 +78,9 @@ CASES = [(m, r) for m in MODELS for r in ("hp", "current", "delayed", "block")] 
     ("mlp_gelu", "nvfp4"),
 ]
 # 21 tokens: te_jax pads the rows to 32 for the per-tensor and block FP8 GEMMs (te_jax/_token_pad.py).
-ODD_TOKEN_CASES = [(m, f"{r}-21tok") for m in ("ln_dense", "mlp_gelu") for r in ("current", "delayed", "block")]
+ODD_TOKEN_CASES = [
+    (m, f"{r}-21tok") for m in ("ln_dense", "mlp_gelu") for r in ("current", "delayed", "block")
+]
 
 
 @pytest.mark.parametrize("model_name,recipe_name", CASES + ODD_TOKEN_CASES)
