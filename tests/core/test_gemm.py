@@ -377,11 +377,14 @@ def fp8_step(v: np.ndarray, fmt: str) -> np.ndarray:
     return np.exp2(e - mant)
 
 
-@pytest.mark.parametrize("with_amax", [True, False])
+@pytest.mark.parametrize("amax_before", [None, 0.0, "above"], ids=["no_amax", "amax_0", "amax_above"])
 @pytest.mark.parametrize("operands", ["bf16", "fp8"])
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
-def test_fp8_output(fmt, operands, with_amax):
-    rng = rng_for("fp8_out", fmt, operands, with_amax)
+def test_fp8_output(fmt, operands, amax_before):
+    """amax is max-accumulated (te_quantize's delayed-scaling rule): from 0 it becomes the
+    result's amax; a larger amax already there stays."""
+    with_amax = amax_before is not None
+    rng = rng_for("fp8_out", fmt, operands, str(amax_before))
     m, n, k = 37, 29, 70
     x, w = random_matrix(rng, (m, k)), random_matrix(rng, (n, k))
     bias = random_matrix(rng, (1, n)).reshape(n)
@@ -397,7 +400,9 @@ def test_fp8_output(fmt, operands, with_amax):
     # A scale that sends the largest results past fp8_max: saturation is exercised too.
     scale = np.float32(1.3 * float(O.FP8_MAX[fmt]) / np.abs(want).max())
     out = fp8_buffer((m, n))
-    amax, scale_inv, scale_buf = f32(np.nan), f32(np.nan), f32(scale)
+    above = np.float32(2 * np.abs(want).max())
+    amax = f32(above if amax_before == "above" else 0.0)
+    scale_inv, scale_buf = f32(np.nan), f32(scale)
     d = _C.QuantizedTensor(
         int(M.PER_TENSOR),
         rowwise_data=tensor(out, FP8_DTYPE[fmt]),
@@ -406,8 +411,10 @@ def test_fp8_output(fmt, operands, with_amax):
         scale=tensor(scale_buf),
     )
     _C.gemm(a, b, d, _C.GemmConfig(trans_b=True, epilogue=E.BIAS, bias=tensor(bias)))
-    if with_amax:
+    if amax_before == 0.0:
         np.testing.assert_allclose(amax[0], np.abs(want).max(), rtol=1e-5)
+    elif amax_before == "above":
+        assert amax[0] == above
     assert scale_inv[0] == np.float32(1) / scale
     scaled = want * np.float64(scale)
     got = O.from_fp8(out, fmt).astype(np.float64)
@@ -418,9 +425,10 @@ def test_fp8_output(fmt, operands, with_amax):
     assert (np.abs(got) == float(O.FP8_MAX[fmt])).any()  # some saturated
 
 
-def test_fp8_output_empty_writes_amax_zero():
+@pytest.mark.parametrize("before", [0.5, np.nan])
+def test_fp8_output_empty_leaves_amax_and_writes_scale_inv(before):
     out = fp8_buffer((0, 3))
-    amax, scale_inv, scale = f32(np.nan), f32(np.nan), f32(4.0)
+    amax, scale_inv, scale = f32(before), f32(np.nan), f32(4.0)
     d = _C.QuantizedTensor(
         int(M.PER_TENSOR),
         rowwise_data=tensor(out, FP8_DTYPE[O.E4M3]),
@@ -429,7 +437,22 @@ def test_fp8_output_empty_writes_amax_zero():
         scale=tensor(scale),
     )
     _C.gemm(hp(np.zeros((0, 2), np.float32)), hp(np.ones((2, 3), np.float32)), d)
-    assert amax[0] == 0 and scale_inv[0] == 0.25
+    assert np.array_equal(amax, f32(before), equal_nan=True) and scale_inv[0] == 0.25
+
+
+def test_fp8_output_amax_nan_propagates():
+    x = np.ones((4, 8), np.float32)
+    x[1, 2] = np.nan
+    amax, scale_inv, scale = f32(3.0), f32(np.nan), f32(1.0)
+    d = _C.QuantizedTensor(
+        int(M.PER_TENSOR),
+        rowwise_data=tensor(fp8_buffer((4, 5)), FP8_DTYPE[O.E4M3]),
+        rowwise_scale_inv=tensor(scale_inv),
+        amax=tensor(amax),
+        scale=tensor(scale),
+    )
+    _C.gemm(hp(x), hp(np.ones((5, 8), np.float32)), d, _C.GemmConfig(trans_b=True))
+    assert np.isnan(amax[0])
 
 
 # ---- errors -------------------------------------------------------------------------------------

@@ -154,8 +154,9 @@ def sources(m, n, k, trans_a, trans_b, key, dtype="float32"):
 # ---- running both backends ---------------------------------------------------------------------
 
 
-def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, extras=None, **cfg):
-    """Runs te_gemm on `device`; returns the output tensors (CPU copies)."""
+def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, amax_init=0.0, extras=None, **cfg):
+    """Runs te_gemm on `device`; returns the output tensors (CPU copies). An FP8 output's amax
+    slot starts at ``amax_init`` (te_gemm max-accumulates into it)."""
     torch = _torch()
     out = {}
     if fp8_out is None:
@@ -169,7 +170,7 @@ def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, extras=None
         e = int(D.FLOAT8_E4M3 if fp8_out == "e4m3" else D.FLOAT8_E5M2)
         d = torch.full((m, n), POISON_BYTE, dtype=torch.uint8, device=device)
         scale = torch.tensor([fp8_out_scale], dtype=torch.float32, device=device)
-        amax = torch.full((1,), float("nan"), device=device)
+        amax = torch.full((1,), amax_init, device=device)
         sinv = torch.full((1,), float("nan"), device=device)
         dq = _C.QuantizedTensor(
             int(M.PER_TENSOR),
@@ -386,18 +387,21 @@ def test_fp8_per_tensor(shape, layout, fmts, split):
         assert_close(gpu["d"], cpu["d"], tol_for(od, "fp8", fast_accum=not split), f"fp8 -> {od}")
 
 
+@pytest.mark.parametrize("amax_init", [0.0, 1e30], ids=["fresh_slot", "larger_amax_kept"])
 @pytest.mark.parametrize("out_fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("shape", [(16, 16, 16), (64, 128, 96), (512, 1024, 256)], ids=str)
-def test_fp8_output(shape, out_fmt):
+def test_fp8_output(shape, out_fmt, amax_init):
     m, n, k = shape
     a, b = sources(m, n, k, *FPROP, ("fp8out", shape))
     A, B = fp8_operand(a), fp8_operand(b)
     kw = dict(trans_b=True, use_split_accumulator=1)
-    cpu = run("cpu", A, B, m, n, None, fp8_out=out_fmt, **kw)
-    gpu = run("cuda", A, B, m, n, None, fp8_out=out_fmt, **kw)
+    cpu = run("cpu", A, B, m, n, None, fp8_out=out_fmt, amax_init=amax_init, **kw)
+    gpu = run("cuda", A, B, m, n, None, fp8_out=out_fmt, amax_init=amax_init, **kw)
     assert_fp8_close(gpu["d"], cpu["d"], f"fp8 out {out_fmt}")
     assert gpu["scale_inv"].item() == cpu["scale_inv"].item() == _torch().tensor(1 / fp8_out_scale).item()
     assert abs(gpu["amax"].item() - cpu["amax"].item()) <= FP8_SPLIT_TOL * cpu["amax"].item()
+    if amax_init:
+        assert gpu["amax"].item() == cpu["amax"].item() == _torch().tensor(amax_init).item()
 
 
 def test_fp8_bias_bf16():

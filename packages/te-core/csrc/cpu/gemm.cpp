@@ -8,7 +8,8 @@
 //    Bp stays in cache) keeps that order while vectorizing across j.
 // 3. v = alpha * acc + beta * D_old (D_old read in D's dtype, and not read at all when beta = 0,
 //    as BLAS does), then the epilogue in fp32, then the output conversion: fp32/fp16/bf16 by RNE;
-//    FP8 as amax = max |v| (NaN propagates), q = convert(v * scale), scale_inv = 1 / scale.
+//    FP8 as amax = max(amax, max |v|) (NaN propagates), q = convert(v * scale),
+//    scale_inv = 1 / scale.
 //
 // Block scales. The API hands over the copy with K contiguous and the te/tensor.h layout of that
 // copy. Written in the coordinates (sr, sc) of the *stored* data, both copies' layouts are the
@@ -146,7 +147,7 @@ void gemm(const GemmArgs& args, void* /*stream*/) {
     }
   }
   if (fp8_out) {
-    if (args.d_amax != nullptr) *args.d_amax = amax;
+    if (args.d_amax != nullptr) *args.d_amax = nan_max(*args.d_amax, amax);
     if (args.d_scale_inv != nullptr) *args.d_scale_inv = 1.0f / scale;
   }
 

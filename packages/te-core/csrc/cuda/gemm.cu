@@ -172,23 +172,39 @@ struct PairHash {
   }
 };
 
-// te's own workspace for a stream: allocated on first use, kept for the process (stream-ordered
+using StreamBuffers = std::unordered_map<std::pair<int, cudaStream_t>, void*, PairHash>;
+
+// A buffer of `bytes` per stream: allocated on first use, kept for the process (stream-ordered
 // reuse by every GEMM on that stream is safe: cuBLASLt's work on one stream is serial). The first
 // GEMM on a stream may come while that stream captures a CUDA graph (torch.cuda.graph's capture
 // stream); a graph keeps the pointer, which stays valid for the process.
-void* stream_workspace(int device, cudaStream_t stream) {
-  static std::unordered_map<std::pair<int, cudaStream_t>, void*, PairHash> workspaces;
+void* stream_buffer(StreamBuffers& buffers, int device, cudaStream_t stream, size_t bytes,
+                    const char* what) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = workspaces.find({device, stream});
-  if (it != workspaces.end()) return it->second;
+  auto it = buffers.find({device, stream});
+  if (it != buffers.end()) return it->second;
   void* p = nullptr;
   {
     RelaxedCapture relaxed;
-    check_cuda(cudaMalloc(&p, kDefaultWorkspaceBytes),
-               "cudaMalloc of te's 32 MiB cuBLASLt workspace (pass config.workspace to avoid it)");
+    check_cuda(cudaMalloc(&p, bytes), what);
   }
-  workspaces.emplace(std::make_pair(device, stream), p);
+  buffers.emplace(std::make_pair(device, stream), p);
   return p;
+}
+
+void* stream_workspace(int device, cudaStream_t stream) {
+  static StreamBuffers workspaces;
+  return stream_buffer(workspaces, device, stream, kDefaultWorkspaceBytes,
+                       "cudaMalloc of te's 32 MiB cuBLASLt workspace (pass config.workspace to "
+                       "avoid it)");
+}
+
+// Where cuBLASLt writes an FP8 output's amax, which te then max-accumulates into the caller's
+// (cuBLASLt overwrites; te_gemm's contract is te_quantize's delayed-scaling one).
+float* stream_amax(int device, cudaStream_t stream) {
+  static StreamBuffers amaxes;
+  return static_cast<float*>(
+      stream_buffer(amaxes, device, stream, 256, "cudaMalloc of te's FP8-output amax scratch"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,8 +578,12 @@ void run_with_te_epilogue(const CublasLtApi& lt, cublasLtHandle_t handle, Plan* 
   if (g.epilogue == TE_EPILOGUE_BGRAD) gemm_row_sums(g.a, g.m, g.k, g.bias_grad, g.bias_grad_dtype, stream);
 }
 
-__global__ void reciprocal_kernel(const float* __restrict__ scale, float* __restrict__ out) {
-  *out = __frcp_rn(*scale);  // correctly rounded 1 / scale, as the CPU backend's 1.0f / scale
+// An FP8 output's scalars after the product: scale_inv = 1 / scale (correctly rounded, as the
+// CPU backend's 1.0f / scale) and amax = max(amax, the product's amax from cuBLASLt).
+__global__ void fp8_output_scalars_kernel(const float* __restrict__ scale, float* scale_inv,
+                                          const float* __restrict__ product_amax, float* amax) {
+  if (scale_inv != nullptr) *scale_inv = __frcp_rn(*scale);
+  if (amax != nullptr) *amax = nan_max(*amax, *product_amax);
 }
 
 int current_compute_major(int device) {
@@ -601,9 +621,7 @@ void degenerate(const GemmArgs& g, cudaStream_t stream) {
     check_cuda(cudaMemsetAsync(g.bias_grad, 0, static_cast<size_t>(g.m) * elem, stream),
                "cudaMemsetAsync(bias_grad)");
   }
-  if (is_fp8(g.d_dtype) && g.d_amax != nullptr) {
-    check_cuda(cudaMemsetAsync(g.d_amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
-  }
+  // An FP8 output's amax stays: the max over no elements, or over K = 0's zeros, adds nothing.
 }
 
 #undef TE_SET
@@ -615,6 +633,7 @@ void gemm(const GemmArgs& g, void* stream_ptr) {
   check_args(g);  // before cuBLASLt: shape errors do not depend on the machine
   const Setup s = setup_of(g);
 
+  float* product_amax = nullptr;  // set where cuBLASLt writes D's amax to scratch
   if (g.m == 0 || g.n == 0 || g.k == 0) {
     degenerate(g, stream);
   } else {
@@ -637,8 +656,12 @@ void gemm(const GemmArgs& g, void* stream_ptr) {
     if (plan->te_epilogue) {
       run_with_te_epilogue(lt, handle, plan, g, workspace, workspace_bytes, stream);
     } else {
+      GemmArgs lg = g;  // cuBLASLt's amax goes to scratch, max-accumulated below
+      if (is_fp8(g.d_dtype) && g.d_amax != nullptr) {
+        product_amax = lg.d_amax = stream_amax(device, stream);
+      }
       std::lock_guard<std::mutex> lock(plan->mu);
-      set_pointers(lt, plan->desc, g, s);
+      set_pointers(lt, plan->desc, lg, s);
       const float alpha = g.alpha, beta = g.beta;
       const void* c = s.fp8_out ? nullptr : g.d;
       // cuBLAS A = te B, cuBLAS B = te A.
@@ -648,9 +671,10 @@ void gemm(const GemmArgs& g, void* stream_ptr) {
                    "cublasLtMatmul");
     }
   }
-  if (is_fp8(g.d_dtype) && g.d_scale_inv != nullptr) {
-    reciprocal_kernel<<<1, 1, 0, stream>>>(g.d_scale, g.d_scale_inv);
-    check_launch("te_gemm reciprocal_kernel (D's scale_inv)");
+  if (is_fp8(g.d_dtype) && (g.d_scale_inv != nullptr || product_amax != nullptr)) {
+    fp8_output_scalars_kernel<<<1, 1, 0, stream>>>(g.d_scale, g.d_scale_inv, product_amax,
+                                                   product_amax != nullptr ? g.d_amax : nullptr);
+    check_launch("te_gemm fp8_output_scalars_kernel (D's scale_inv and amax)");
   }
 }
 

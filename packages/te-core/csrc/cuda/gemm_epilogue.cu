@@ -114,7 +114,6 @@ __global__ void __launch_bounds__(kThreads) row_sums_kernel(const GemmOperand a,
 void gemm_epilogue(const EpilogueParams& p, cudaStream_t stream) {
   const int64_t total = p.m * p.n;
   if (total == 0) return;
-  if (p.d_amax != nullptr) check_cuda(cudaMemsetAsync(p.d_amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
   int64_t blocks = ceil_div(total, kThreads);
   const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
   if (blocks > cap) blocks = cap;

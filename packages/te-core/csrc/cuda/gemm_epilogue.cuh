@@ -23,7 +23,7 @@ struct EpilogueParams {
   void* d;            // [M, N], d_dtype
   int32_t d_dtype;
   const float* d_scale;  // FP8 output
-  float* d_amax;         // FP8 output, or nullptr; written (not accumulated)
+  float* d_amax;         // FP8 output, or nullptr; max-accumulated
   int32_t epilogue;      // te_gemm_epilogue (BGRAD is row_sums' job)
   const void* bias;      // [N] or nullptr
   int32_t bias_dtype;

@@ -670,7 +670,7 @@ PYBIND11_MODULE(_C, m) {
       "bias/aux/bias_grad are replaced by the arguments), or None for the defaults. "
       "a_amax/b_amax, a_rht/b_rht: nvfp4_1d operands' global amaxes and columnwise_rht. "
       "d_scale/d_amax/d_scale_inv: a per-tensor FP8 output's fp32 [1] scale (read), amax "
-      "(written: max |result| before the cast) and scale_inv (written: 1/scale).");
+      "(updated: max(amax, max |result|) before the cast) and scale_inv (written: 1/scale).");
   m.def(
       "norm_fwd_flat",
       [](bool rms, py::handle x, py::handle gamma, py::handle beta, int32_t out_mode,

@@ -16,8 +16,9 @@
  * Supported: fp32 x fp32, fp16 x fp16, bf16 x bf16; FP8 per-tensor E4M3 x E4M3, E4M3 x E5M2,
  * E5M2 x E4M3 (with scale_inv); FP8 block-scaled 1x128 x 128x128 and 1x128 x 1x128 (at most one
  * 2-D operand). Accumulation is fp32. The output D is fp32, fp16 or bf16, or per-tensor FP8
- * (rowwise_data E4M3/E5M2 with `scale` read, `amax` written as max |result| before the cast,
- * rowwise_scale_inv written 1/scale).
+ * (rowwise_data E4M3/E5M2 with `scale` read; `amax`, if given, updated to max(amax, max |result|)
+ * before the cast, NaN propagating, as te_quantize's delayed scaling updates it, so every FP8
+ * result of a step lands in the same history slot; rowwise_scale_inv written 1/scale).
  *
  * MXFP8 x MXFP8 and NVFP4 x NVFP4 (both operands of one family; mixing a family with per-tensor
  * or 1x128 FP8 is an error): the output is fp32, fp16 or bf16. Every backend runs the same

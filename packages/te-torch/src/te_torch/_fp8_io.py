@@ -70,9 +70,9 @@ def gemm_quantized(
 
     Every recipe quantizes the fp32 result (one rounding, to FP8):
     - DelayedScaling (eager): te_gemm writes the FP8 D itself, with the scale of ``q``'s slot
-      (te/gemm.h's per-tensor FP8 output: no high-precision D in memory). te_gemm overwrites the
-      amax it is given, while te's delayed quantizers max-accumulate into their slot (so a module
-      used twice in a step records the larger amax): it writes a scratch amax, folded in after.
+      (te/gemm.h's per-tensor FP8 output: no high-precision D in memory), and max-accumulates
+      the result's amax into the slot, as te's delayed quantizers do (so a module used twice in
+      a step records the larger amax).
     - Current scaling: the scale comes from the result's own amax, unknown until the product is
       complete, and block scaling / MXFP8: te_gemm writes no block-scaled D. Both run the GEMM to fp32
       and quantize that (TE quantizes its activation-dtype result here; fp32 avoids a second
@@ -82,12 +82,10 @@ def gemm_quantized(
     if c.delayed and is_eager(a[1] if a[1] is not None else a[3]):
         if bias is not None and bias.dtype == torch.float16:
             bias = bias.float()  # te_gemm's FP8 D takes a bf16 or fp32 bias; fp32 holds fp16 exactly
-        amax = torch.empty_like(q.amax)
         data, scale_inv = _kernels.gemm_fp8_output(
             a, b, trans_a, trans_b, out_shape, q.dtype, _DEFAULT if bias is None else _BIAS,
-            bias, split, q.scale, amax,
+            bias, split, q.scale, q.amax,
         )  # fmt: skip
-        torch.maximum(q.amax, amax, out=q.amax)
         return q._wrap(data, scale_inv, None, None, torch.Size(out_shape), dtype)
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()  # te_gemm: the output's dtype or fp32

@@ -439,7 +439,7 @@ def gemm_fp8_output(
 
     Returns (D, scale_inv): D a new ``fp8_dtype`` tensor of ``out_shape``, scale_inv a new fp32 [1]
     holding 1/scale (written by te_gemm). ``scale`` (fp32 [1]) is read; ``amax`` (fp32 [1]) is
-    overwritten with max |result| before the cast (NaN propagates). ``bias``: [N], bfloat16 or
+    updated to max(amax, max |result|) before the cast (NaN propagates). ``bias``: [N], bfloat16 or
     float32 (te_gemm's rule for an FP8 output). ``epilogue``: DEFAULT or BIAS. Tensors must be
     contiguous; ``split`` as in gemm()."""
     src = a[1] if a[1] is not None else a[3]
