@@ -92,8 +92,6 @@ class _Replay:
     def __enter__(self) -> None:
         s, f = STATE, self.frame
         self.saved = (s.fp8, s.calibrating, s.recipe, s.group, s.fwd_registry, s.depth)
-        if f.region is None:  # torch recomputes only after a forward; defensive
-            raise RuntimeError("te.checkpoint: recomputation before the forward it replays")
         s.fp8, s.calibrating, s.recipe, s.group = f.region
         s.fwd_registry = UpdateRegistry()  # dropped at exit: no second update
         s.depth += 1  # a region is active; its exit is this object's, which flushes nothing

@@ -356,10 +356,12 @@ def make_graphed_callables(
         undo = _Undo(callables)
         if pre_warmup_hook is not None:
             pre_warmup_hook()
-        graphed = torch.cuda.make_graphed_callables(
-            tuple(captured), tuple(flat), num_warmup_iters, allow_unused_input, pool
-        )
-        undo.restore()
+        try:
+            graphed = torch.cuda.make_graphed_callables(
+                tuple(captured), tuple(flat), num_warmup_iters, allow_unused_input, pool
+            )
+        finally:  # a failed capture leaves the modules as they were too
+            undo.restore()
         if post_warmup_hook is not None:
             post_warmup_hook()
     else:
