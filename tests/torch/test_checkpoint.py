@@ -4,6 +4,7 @@ state agree bit for bit step after step (the recomputation runs under the forwar
 scales and leaves the scaling state as it found it)."""
 
 import copy
+import warnings
 
 import pytest
 import te_torch as te
@@ -101,3 +102,30 @@ def test_bad_arguments():
     for kw in ("distribute_saved_activations", "tp_group"):
         with pytest.raises(NotImplementedError, match=kw):
             te.checkpoint(torch.nn.Identity(), torch.ones(2), **{kw: True})
+
+
+# torch's non-reentrant mode recomputes only to refill what the segment saved through
+# save_for_backward; te.Linear's fused FP8 step saves nothing that way (its quantized copies stay
+# with the first forward), so a lone Linear is never recomputed there: no warning, no harm.
+@pytest.mark.parametrize(
+    ("seg", "reentrant"),
+    [(s, True) for s in SEGMENTS] + [("ln_mlp", False), ("stack", False)],
+    ids=lambda v: v if isinstance(v, str) else ("reentrant" if v else "non_reentrant"),
+)
+def test_torch_checkpoint_around_te_modules_warns_and_te_checkpoint_does_not(seg, reentrant):
+    m = SEGMENTS[seg]()
+    r = RECIPES["current"]()
+    x = torch.randn(8, 64, requires_grad=True)
+    with pytest.warns(UserWarning, match="during a backward pass after running quantized.*te.checkpoint"):
+        with te.autocast(recipe=r):
+            y = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=reentrant)
+        try:
+            y.sum().backward()
+        except torch.utils.checkpoint.CheckpointError:
+            assert not reentrant  # torch's non-reentrant mode may also notice, after te's warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with te.autocast(recipe=r):
+            y = te.checkpoint(m, x, use_reentrant=reentrant)
+        y.sum().backward()
+        m(x).sum().backward()  # high precision outside a backward pass: no warning

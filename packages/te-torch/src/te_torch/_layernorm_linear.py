@@ -34,6 +34,7 @@ from te_torch._module_base import (
     reject_parallel,
     reset_norm_params,
     split_sizes,
+    warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._token_pad import pad, pad_count, unpad
@@ -186,6 +187,7 @@ class LayerNormLinear(SingleGemmModule):
                 out = unpad(out, inp.shape[:-1])
                 ln_out = None if ln_out is None else unpad(ln_out, inp.shape[:-1])
         else:
+            warn_if_recomputed("LayerNormLinear", self._gemm)
             ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
             if s.calibrating:
                 self._gemm.calibrate(ln_out, weight, s.recipe, s.group)

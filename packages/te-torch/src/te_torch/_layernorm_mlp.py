@@ -38,6 +38,7 @@ from te_torch._module_base import (
     reject_kwargs,
     reject_parallel,
     reset_norm_params,
+    warn_if_recomputed,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -213,6 +214,7 @@ class LayerNormMLP(QuantizedModule):
                 out = unpad(out, inp.shape[:-1])
                 ln_out = None if ln_out is None else unpad(ln_out, inp.shape[:-1])
         else:
+            warn_if_recomputed("LayerNormMLP", self._fc1)
             ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
             if s.calibrating:
                 self._fc1.calibrate(ln_out, w1, s.recipe, s.group)

@@ -38,6 +38,7 @@ from te_torch._module_base import (
     reject_kwargs,
     reject_parallel,
     split_sizes,
+    warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._token_pad import pad, pad_count, unpad
@@ -216,6 +217,7 @@ class Linear(SingleGemmModule):
         else:
             if s.calibrating:
                 self._gemm.calibrate(inp, weight, s.recipe, s.group)
+            warn_if_recomputed("Linear", self._gemm)
             out = linear(inp, weight, gemm_bias, self.fuse_wgrad_accumulation)
         return (out, bias) if self.return_bias else out
 

@@ -10,6 +10,8 @@ delayed-scaling step.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from te_torch._gemm_state import GemmState
@@ -111,6 +113,22 @@ def init_weight(w: torch.Tensor, init_method) -> None:
             init_method(w)
         else:
             w.normal_(0.0, 0.023)
+
+
+def warn_if_recomputed(owner: str, gemm: GemmState) -> None:
+    """Called by a module's high-precision forward: a module that has run quantized running in
+    high precision inside a backward pass is torch.utils.checkpoint recomputing it outside its
+    te.autocast region, so its gradients would belong to another function (te.checkpoint replays
+    the region). Costs one attribute read for a module that never ran quantized."""
+    if gemm.ctx is not None and not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1:
+        warnings.warn(
+            f"te.{owner} ran in high precision during a backward pass after running quantized: "
+            "torch.utils.checkpoint recomputes a segment outside its te.autocast region, so the "
+            "recomputed forward differs from the original one. Use te.checkpoint, which replays "
+            "the region and its scales.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 class QuantizedModule(torch.nn.Module):
