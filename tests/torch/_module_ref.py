@@ -163,6 +163,20 @@ def columns(t):
     return [t[:, i].tolist() for i in range(t.shape[1])]
 
 
+def delayed_states(module) -> list:
+    """Copies of the amax histories and scales of every te module in ``module`` (in
+    module order, forward then backward, those that exist)."""
+    return [
+        t.clone()
+        for mod in module.modules()
+        if hasattr(mod, "_gemms")
+        for g in mod._gemms.values()
+        for st in (g.fwd, g.bwd)
+        if st is not None
+        for t in (st.amax_history, st.scale)
+    ]
+
+
 # -- fp32 formulas ----------------------------------------------------------------------------
 
 

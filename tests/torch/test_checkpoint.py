@@ -9,6 +9,7 @@ import warnings
 import pytest
 import te_torch as te
 import torch
+from _module_ref import delayed_states as _states
 from te_torch import recipe
 
 RECIPES = {
@@ -21,18 +22,6 @@ SEGMENTS = {
     "ln_mlp": lambda: te.LayerNormMLP(64, 128),
     "stack": lambda: torch.nn.Sequential(te.LayerNormLinear(64, 128), torch.nn.GELU(), te.Linear(128, 64)),
 }
-
-
-def _states(m):
-    return [
-        t.clone()
-        for mod in m.modules()
-        if hasattr(mod, "_gemms")
-        for g in mod._gemms.values()
-        for st in (g.fwd, g.bwd)
-        if st is not None
-        for t in (st.amax_history, st.scale)
-    ]
 
 
 def _run(m, x, r, ckpt):

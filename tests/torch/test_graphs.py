@@ -9,6 +9,7 @@ import logging
 import pytest
 import te_torch as te
 import torch
+from _module_ref import delayed_states as _states
 from te_torch import recipe
 
 RECIPES = {
@@ -44,16 +45,6 @@ def _assert_same(a, b):
             _assert_same(u, v)
         else:
             assert torch.equal(u, v)
-
-
-def _states(m):
-    return [
-        t.clone()
-        for g in m._gemms.values()
-        for st in (g.fwd, g.bwd)
-        if st is not None
-        for t in (st.amax_history, st.scale)
-    ]
 
 
 MODULES = {

@@ -179,7 +179,8 @@ def _check_args(args, name: str) -> tuple:
 
 
 def _recipe_states(callables) -> list:
-    """(DelayedState or None, GemmState, "fwd" | "bwd") of every te module in ``callables``."""
+    """(GemmState, "fwd" | "bwd") of every te module in ``callables``: where each delayed-scaling
+    state is or will be (a state may not exist before the module first runs quantized)."""
     out = []
     for c in callables:
         if isinstance(c, torch.nn.Module):
