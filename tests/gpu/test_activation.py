@@ -2,7 +2,7 @@
 te_core._C.
 
 The CPU backend is checked against an independent float64 reference in tests/core; here:
-  - high-precision results equal the CPU's within the few fp32 ulps that CUDA's expf/tanhf may
+  - high-precision results equal the CPU's within what CUDA's fast exponential and divide may
     differ by, propagated through each formula (per-element bound below); 16-bit results within
     1 ulp of the CPU's, or within that fp32 bound; NaN and inf at the same places;
   - an FP8 result equals te_quantize (CUDA) of the CUDA fp32-output run with the same config, every
@@ -176,9 +176,11 @@ def assert_same_bits(got, want, what):
 
 
 def magnitude(kind, x, grad=None):
-    """Per result element, the size of what CUDA's expf/tanhf (<= 2 ulps) can move it by, in units
-    of fp32 eps: the transcendental's result enters each formula multiplied by at most ~|x| (fwd)
-    or ~|x|^3 (GELU's derivative: 0.5 x (1 - t^2)(0.798 + 0.107 x^2)), times the gate and grad.
+    """Per result element, the size of what CUDA's __expf / __fdividef can move it by, in units
+    of fp32 eps. Every kind's transcendental part is a sigmoid s = 1 / (1 + e): __expf's relative
+    error (2 + 1.16|v| ulps at e^v) moves s by s (1 - s) times that, at most ~0.5 eps over all v,
+    and the divide by 2 ulps of s; that enters each formula multiplied by at most ~|x| (fwd) or
+    ~|x|^3 (GELU's derivative: x s (1 - s)(1.596 + 0.214 x^2)), times the gate and grad.
     Non-finite inputs give 0: there both backends must agree exactly."""
     torch = _torch()
     x = x.double().cpu()

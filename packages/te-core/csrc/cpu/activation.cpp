@@ -14,7 +14,19 @@ namespace te {
 namespace cpu {
 namespace {
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// x / (1 + e) for the sigmoid forms. A denominator above 2^126 gives x * 0, as CUDA's fast divide
+// does: the exact quotient is below |x| 2^-126 there, and the two backends must agree on whether a
+// gate of inf then makes the product inf or NaN.
+float div_1p(float x, float e) {
+  const float d = 1.0f + e;
+  return d > 0x1p126f ? x * 0.0f : x / d;
+}
+
+float sigmoid(float x) { return div_1p(1.0f, std::exp(-x)); }
+
+// GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
+// x sigmoid(2u) (the same function; one exp, no cancellation for x << 0): this is 2u.
+float gelu_2u(float x) { return x * (1.5957691f + 0.071354816f * x * x); }
 float dsigmoid(float x) {
   const float s = sigmoid(x);
   return s * (1.0f - s);
@@ -38,7 +50,7 @@ bool is_gated(int32_t activation) { return activation >= TE_ACTIVATION_GEGLU; }
 float act(int32_t kind, float x) {
   switch (kind) {
     case TE_ACTIVATION_GELU:
-      return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x)));
+      return div_1p(x, std::exp(-gelu_2u(x)));
     case TE_ACTIVATION_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x);
     case TE_ACTIVATION_SILU: return x * sigmoid(x);
     case TE_ACTIVATION_QGELU: return x * sigmoid(1.702f * x);
@@ -50,9 +62,8 @@ float act(int32_t kind, float x) {
 float dact(int32_t kind, float x) {
   switch (kind) {
     case TE_ACTIVATION_GELU: {
-      const float t = std::tanh(0.79788456f * x * (1.0f + 0.044715f * x * x));
-      return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) +
-             0.5f * (1.0f + t);
+      const float s = sigmoid(gelu_2u(x));
+      return x * (s * (1.0f - s)) * (1.5957691f + 0.21406445f * x * x) + s;
     }
     case TE_ACTIVATION_RELU: return x > 0.0f ? 1.0f : (x == x ? 0.0f : x);
     case TE_ACTIVATION_SILU: return x * dsigmoid(x) + sigmoid(x);

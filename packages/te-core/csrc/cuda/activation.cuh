@@ -2,11 +2,13 @@
 // the fp32 math shared by activation_fwd.cu and activation_bwd.cu (two files so the two sets of
 // kernels, each one per base activation and output mode, compile in parallel).
 //
-// The formulas are the reference's, operation for operation: every multiply, add and divide is an
-// explicit round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA, so
-// the only differences from the CPU are CUDA's expf/tanhf (a few ulps), and every kernel that
-// evaluates them (the flat pass, the tile kernel) gets the same bits: a quantized output is exactly
-// te_quantize of this backend's own fp32 result.
+// The formulas are the reference's, operation for operation: every multiply and add is an explicit
+// round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA. The only
+// differences from the CPU are the exponential and the one divide of the sigmoid forms, which run on
+// the special-function unit (__expf: 2 + 1.16|x| ulps; __fdividef: 2 ulps): these passes are
+// ALU-bound, and CUDA's accurate tanhf / expf + IEEE divide cost 2-3x their instructions (GELU: 25
+// per element against 9). Every kernel that evaluates them (the flat pass, the tile kernel) gets the
+// same bits: a quantized output is exactly te_quantize of this backend's own fp32 result.
 //
 // Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid), gating
 // and output mode; the dtypes of grad and input are run-time values (uniform branches once per 8
@@ -28,8 +30,16 @@ namespace activation {
 // The activation of a plain kind, and of a gated kind's first half (GLU's is the sigmoid).
 enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid };
 
+// 1 / (1 + e^-x). For 1 + e^-x > 2^126 __fdividef gives 0 (the exact result is below 2^-126);
+// the CPU reference's div_1p does the same.
 __device__ __forceinline__ float sigmoid(float x) {
-  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+  return __fdividef(1.0f, __fadd_rn(1.0f, __expf(-x)));
+}
+
+// 2u for GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): the
+// forms below use 0.5 (1 + tanh(u)) = sigmoid(2u), which also has no cancellation for x << 0.
+__device__ __forceinline__ float gelu_2u(float x) {
+  return __fmul_rn(x, __fadd_rn(1.5957691f, __fmul_rn(__fmul_rn(0.071354816f, x), x)));
 }
 
 // s * (1 - s) from s = sigmoid(x).
@@ -43,8 +53,7 @@ __device__ __forceinline__ float relu_or(float x, float positive) {
 template <int kBase>
 __device__ __forceinline__ float act(float x) {
   if constexpr (kBase == kGelu) {
-    const float inner = __fmul_rn(x, __fadd_rn(0.79788456f, __fmul_rn(__fmul_rn(0.03567741f, x), x)));
-    return __fmul_rn(x, __fadd_rn(0.5f, __fmul_rn(0.5f, tanhf(inner))));
+    return __fdividef(x, __fadd_rn(1.0f, __expf(-gelu_2u(x))));
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, x);
   } else if constexpr (kBase == kSilu) {
@@ -61,11 +70,10 @@ __device__ __forceinline__ float act(float x) {
 template <int kBase>
 __device__ __forceinline__ float dact(float x) {
   if constexpr (kBase == kGelu) {
-    const float t = tanhf(__fmul_rn(__fmul_rn(0.79788456f, x),
-                                    __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x))));
-    const float poly = __fadd_rn(0.79788456f, __fmul_rn(__fmul_rn(0.1070322243f, x), x));
-    const float left = __fmul_rn(__fmul_rn(0.5f, x), __fmul_rn(__fsub_rn(1.0f, __fmul_rn(t, t)), poly));
-    return __fadd_rn(left, __fmul_rn(0.5f, __fadd_rn(1.0f, t)));
+    // s + x s (1 - s) d(2u)/dx
+    const float s = sigmoid(gelu_2u(x));
+    const float d2u = __fadd_rn(1.5957691f, __fmul_rn(__fmul_rn(0.21406445f, x), x));
+    return __fadd_rn(__fmul_rn(__fmul_rn(x, dsigmoid_of(s)), d2u), s);
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, 1.0f);
   } else if constexpr (kBase == kSilu) {

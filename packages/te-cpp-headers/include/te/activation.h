@@ -2,8 +2,12 @@
  * bias gradient.
  *
  * All math is fp32 whatever the storage dtype (fp32/fp16/bf16), with TE's formulas
- * (sigmoid(x) = 1 / (1 + expf(-x))):
- *   GELU   x * (0.5 + 0.5 * tanhf(x * (0.79788456 + 0.03567741 * x^2)))   (tanh approximation)
+ * (sigmoid(x) = 1 / (1 + expf(-x)); the sigmoid forms' quotients x / (1 + e) are +-0 where
+ * 1 + e > 2^126, i.e. where the exact quotient is below |x| 2^-126):
+ *   GELU   the tanh approximation 0.5 x (1 + tanh(u)), u = 0.79788456 (x + 0.044715 x^3),
+ *          evaluated as x * sigmoid(2u) = x / (1 + expf(-x * (1.5957691 + 0.071354816 x^2)))
+ *          (the same function with one exponential, and no cancellation for x << 0);
+ *          GELU' = s + x * s * (1 - s) * (1.5957691 + 0.21406445 x^2), s = sigmoid(2u)
  *   RELU   max(x, 0), NaN stays NaN          SRELU  relu(x)^2
  *   SILU   x * sigmoid(x)                    QGELU  x * sigmoid(1.702 x)
  * Gated kinds take an input [..., 2N] and give [..., N]: the FIRST half a = input[..., :N] goes
@@ -12,8 +16,9 @@
  * so checkpoints and fused FC1 weights from TE keep their meaning.
  *   GEGLU = GELU, REGLU = RELU, SWIGLU = SILU, QGEGLU = QGELU, SREGLU = SRELU, GLU = sigmoid.
  * Backward: dx = grad * act'(x); gated: dx[a] = (grad * act'(a)) * b, dx[b] = grad * act(a).
- * Transcendentals (expf, tanhf) are the backend's, so the CUDA kernels match the CPU reference to
- * a few fp32 ulps, not bit for bit.
+ * The exponential and the sigmoid's divide are the backend's (CUDA: the special-function unit's
+ * fast exp and divide), so the CUDA kernels match the CPU reference to a few fp32 ulps of each
+ * term, not bit for bit.
  *
  * Output (forward y, backward dx) is a te_quantized_tensor, as in te/normalization.h: high
  * precision (rowwise_data only, fp32/fp16/bf16, PER_TENSOR mode, rounded to nearest even) or FP8
