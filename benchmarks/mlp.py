@@ -9,10 +9,14 @@ gelu (tanh) and swiglu (FC1 twice as wide). For each activation:
   te_current    under Float8CurrentScaling
   te_block      under Float8BlockScaling (1x128 inputs and grads, 128x128 weights)
 A step is forward, backward(dy), gradients dropped (set_to_none); timed with CUDA events around
-the Python calls, so host overhead counts (as GPU.md's TE figures). Rows are timed in --rounds
-interleaved rounds (benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's
-ratio is the median of per-round ratios to torch's row of the same round); each round runs
---warmup steps, then takes the median of --iters. ms is the median over rounds. TFLOP/s counts
+the Python calls, so host overhead counts (as GPU.md's TE figures), two ways: "synced", one step
+between the events and waited for (every step also pays the host's time to its first kernel),
+and "back to back", 5 steps between the events (a training loop's throughput: the host enqueues
+a step while the GPU runs the previous one). Rows are timed in --rounds interleaved rounds
+(benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's ratio is the median of
+per-round ratios to torch's row of the same round); each round runs --warmup steps, then takes
+the median of --iters synced steps (one back-to-back group). ms is the median over rounds; TFLOP/s
+(synced) counts
 the three GEMMs of each layer forward and backward (6 * tokens * params of FC1 and FC2). A
 variant that fails reports its error and the run goes on. --json PATH writes every figure.
 
@@ -22,6 +26,7 @@ variant that fails reports its error and the run goes on. --json PATH writes eve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -108,7 +113,10 @@ def main() -> int:
     t, h, f = args.tokens, args.hidden, args.ffn
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}, torch {torch.__version__}; LayerNormMLP fwd+bwd, {t} tokens, {h} -> {f} -> {h}")
-    print(f"{'activation':10s} {'variant':14s} {'ms':>9s} {'TFLOP/s':>8s} {'vs torch':>8s}")
+    print(
+        f"{'activation':10s} {'variant':14s} {'ms':>9s} {'TFLOP/s':>8s} {'vs torch':>8s}"
+        f" {'b2b ms':>9s} {'vs torch':>8s}"
+    )
     results = []
     for act in args.activations.split(","):
         fc1_out = 2 * f if act == "swiglu" else f
@@ -135,7 +143,9 @@ def main() -> int:
             modules.append(module)
             steps[name] = make_step(module, x, dy, rcp)
         per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup)
-        for name, e in failed.items():
+        back_to_back = functools.partial(cuda_event_ms, steps=5)
+        per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup)
+        for name, e in {**failed_b2b, **failed}.items():
             rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         for name, row in rows.items():
             results.append(row)
@@ -148,7 +158,15 @@ def main() -> int:
             if speedup is not None:
                 row["speedup_vs_torch"] = speedup
             shown = f"{speedup:7.2f}x" if speedup is not None else "     n/a"
-            print(f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {shown}", flush=True)
+            ms_b2b, speedup_b2b = statistics.median(per_b2b[name]), ratio(per_b2b, "torch", name)
+            row.update(ms_back_to_back=ms_b2b, ms_back_to_back_rounds=per_b2b[name])
+            if speedup_b2b is not None:
+                row["speedup_back_to_back"] = speedup_b2b
+            shown_b2b = f"{speedup_b2b:7.2f}x" if speedup_b2b is not None else "     n/a"
+            print(
+                f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {shown} {ms_b2b:9.3f} {shown_b2b}",
+                flush=True,
+            )
         del steps, modules, x, dy
         torch.cuda.empty_cache()
     if args.json:
