@@ -1,13 +1,14 @@
 """te_jax.flax modules on a CUDA device against the same calls on te's CPU backend: forward,
 gradients and (DelayedScaling) the next fp8_metas state, jitted.
 
-Inputs and parameters are made once on the CPU and copied to the GPU. Tolerances (normwise
-relative error, GPU vs CPU): outputs 1e-5 in fp32 high precision (gradients 5e-5: a bias
-gradient is a sum over 512 tokens with cancellation, and cuBLAS sums in another order), 3e-2
-under FP8 recipes (gradients 1e-1: bias and norm-parameter gradients are sums over 512 tokens
-of E5M2 values, measured up to 6.4% apart; MXFP8 and NVFP4 included: their block scales re-quantize
-GEMM results too, and NVFP4's stochastic rounding draws the same Philox bits on both backends); 1e-2 in
-bfloat16; the next DelayedScaling state to 1e-3. Under FP8 the backends differ first by the
+Inputs and parameters are made once on the CPU and copied to the GPU. The loss, a mean of
+sin(y) near 0, agrees within 1e-6 absolute in fp32 (1e-4 under FP8). Gradients (normwise
+relative error, GPU vs CPU): 5e-5 in fp32 high precision (a bias gradient is a sum over 512
+tokens with cancellation, and cuBLAS sums in another order), 1e-1 under FP8 recipes (bias and
+norm-parameter gradients are sums over 512 tokens of E5M2 values, measured up to 6.4% apart;
+MXFP8 and NVFP4 included: their block scales re-quantize GEMM results too, and NVFP4's
+stochastic rounding draws the same Philox bits on both backends); 1e-2 in bfloat16 (3e-2 with
+Float8CurrentScaling); the next DelayedScaling state to 1e-3. Under FP8 the backends differ first by the
 H200's FP8 tensor-core rounding (~1e-4; fast accumulation in fprop under Float8CurrentScaling and
 DelayedScaling, ~2e-3: tests/gpu/test_gemm.py), then every value quantized again from a GEMM
 result (FC2's input, the E5M2 gradient of a loss of y) lands one FP8 step (6-25%) apart where it
@@ -92,7 +93,10 @@ def test_module_gpu_matches_cpu(model_name, recipe_name):
     model = MODELS[model_name]()
     cpu = _run(model, r, x, CPU)
     gpu = _run(model, r, x, GPU)
-    assert rel(gpu[0], cpu[0]) <= (1e-5 if r is None else 3e-2)
+    # The loss is a mean of sin(y) over ~1e5 elements, near 0 (1.7e-5 for "dense"): relative to it
+    # fp32 GEMMs in another summation order already differ by 1e-5. Its terms are O(1), so the
+    # bound is absolute; the gradients below carry the relative checks.
+    assert abs(float(gpu[0]) - float(cpu[0])) <= (1e-6 if r is None else 1e-4)
     grad_tol = 5e-5 if r is None else 1e-1
     for c, g in zip(jax.tree_util.tree_leaves(cpu[1]), jax.tree_util.tree_leaves(gpu[1]), strict=True):
         assert rel(g, c) <= grad_tol, rel(g, c)
