@@ -5,10 +5,10 @@
 // The formulas are the reference's, operation for operation: every multiply and add is an explicit
 // round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA. The only
 // differences from the CPU are the exponential and the one divide of the sigmoid forms, which run on
-// the special-function unit (__expf: 2 + 1.16|x| ulps; __fdividef: 2 ulps): these passes are
-// ALU-bound, and CUDA's accurate tanhf / expf + IEEE divide cost 2-3x their instructions (GELU: 25
-// per element against 9). Every kernel that evaluates them (the flat pass, the tile kernel) gets the
-// same bits: a quantized output is exactly te_quantize of this backend's own fp32 result.
+// the special-function unit (__expf: 2 + 1.16|x| ulps; __fdividef: 2 ulps): CUDA's accurate tanhf
+// or expf + IEEE divide cost 2-3x their instructions (GELU: 25 per element against 9), and made
+// these passes ALU-bound. Every kernel that evaluates them (the flat pass, the tile kernel) gets
+// the same bits: a quantized output is exactly te_quantize of this backend's own fp32 result.
 //
 // Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid), gating
 // and output mode; the dtypes of grad and input are run-time values (uniform branches once per 8
