@@ -15,10 +15,10 @@ and "back to back", 5 steps between the events (a training loop's throughput: th
 a step while the GPU runs the previous one). Rows are timed in --rounds interleaved rounds
 (benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's ratio is the median of
 per-round ratios to torch's row of the same round); each round runs --warmup steps, then takes
-the median of --iters synced steps (one back-to-back group). ms is the median over rounds; TFLOP/s
-(synced) counts
-the three GEMMs of each layer forward and backward (6 * tokens * params of FC1 and FC2). A
-variant that fails reports its error and the run goes on. --json PATH writes every figure.
+the median of --iters synced steps (one back-to-back group). ms is the median over rounds;
+TFLOP/s (synced) counts the three GEMMs of each layer forward and backward (6 * tokens * params
+of FC1 and FC2). A variant that fails reports its error and the run goes on. --json PATH writes
+every figure.
 
     PYTHONPATH=packages/te-core/src:packages/te-torch/src python3 benchmarks/mlp.py --json out.json
 """

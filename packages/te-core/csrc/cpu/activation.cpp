@@ -27,6 +27,7 @@ float sigmoid(float x) { return div_1p(1.0f, std::exp(-x)); }
 // GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
 // x sigmoid(2u) (the same function; one exp, no cancellation for x << 0): this is 2u.
 float gelu_2u(float x) { return x * (1.5957691f + 0.071354816f * x * x); }
+
 float dsigmoid(float x) {
   const float s = sigmoid(x);
   return s * (1.0f - s);
