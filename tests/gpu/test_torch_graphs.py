@@ -10,11 +10,21 @@ module's Python forward does not run)."""
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 te = pytest.importorskip("te_torch")
+
+# The CPU tests' helpers (tests/torch/_module_ref.py): one snapshot of the scaling state for both.
+_TORCH_TESTS = Path(__file__).resolve().parents[1] / "torch"
+if str(_TORCH_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TORCH_TESTS))
+
+from _module_ref import delayed_states  # noqa: E402
+
 CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
 RECIPES = {
@@ -33,18 +43,6 @@ MODULES = {
     ),
 }
 OUT = {"Linear": 384, "LayerNormLinear": 384, "LayerNormMLP": 256, "Sequential": 256}
-
-
-def _states(m):
-    return [
-        t.clone()
-        for mod in m.modules()
-        if hasattr(mod, "_gemms")
-        for g in mod._gemms.values()
-        for st in (g.fwd, g.bwd)
-        if st is not None
-        for t in (st.amax_history, st.scale)
-    ]
 
 
 def _step(m, x, dy, r):
@@ -73,10 +71,10 @@ def test_graphs_replay_the_eager_step_bit_for_bit(name, rname):
     torch.manual_seed(0)
     graphed = MODULES[name]()
     eager = copy.deepcopy(graphed)
-    before = _states(graphed)
+    before = delayed_states(graphed)
     sample = torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True)
     g = te.make_graphed_callables(graphed, (sample,), enabled=r is not None, recipe=r)
-    after = _states(graphed)
+    after = delayed_states(graphed)
     if before:
         assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     else:  # created by the warmup, then reset: a fresh state
@@ -91,11 +89,13 @@ def test_graphs_replay_the_eager_step_bit_for_bit(name, rname):
         got, want = _graphed_step(g, x, dy), _step(eager, x, dy, r)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
-        assert all(torch.equal(a, b) for a, b in zip(_states(graphed), _states(eager), strict=True))
+        assert all(
+            torch.equal(a, b) for a, b in zip(delayed_states(graphed), delayed_states(eager), strict=True)
+        )
     if name == "Sequential":
         assert not calls  # the inner modules' Python never ran: the graph did
     if rname == "delayed":
-        assert any(t.abs().sum() > 0 for t in _states(graphed)[0::2])
+        assert any(t.abs().sum() > 0 for t in delayed_states(graphed)[0::2])
 
 
 def test_warmup_leaves_main_grad_alone_and_graphs_accumulate_into_it():
