@@ -36,6 +36,8 @@
 //   kMinBlocks           the resident CTAs per SM to hold registers for
 //   kStreamMinBlocks     (computed sources) the same for the kernels that hold no whole tile of
 //                        values: the per-tensor cast_tile_stream_kernel and fused_output's flat pass
+//   kStreamPrefetch      (computed sources) whether cast_tile_stream_kernel loads a thread's next
+//                        row before computing the current one (two rows of Raw in registers)
 //   kFormatTemplate      whether to compile one kernel per FP8 format (the plain input: tuned
 //                        conversions) or one reading the format at run time (computed sources,
 //                        whose kernels are many and whose math dwarfs the conversion)
@@ -497,14 +499,25 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
   uint2 q[4][2];
   float colsum[2][8];
   uint32_t m = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  // Raw data of row i in slot i % 2 (kStreamPrefetch: row i + 1 is loaded before row i is
+  // computed, so each thread keeps a row of loads in flight through its math).
+  typename L::Raw raw[L::kStreamPrefetch ? 2 : 1][2];
+  const auto load_row = [&](int i) {
     const int64_t r = r0 + 4 * tr + i;
-    typename L::Raw raw[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t c = c0 + 64 * h + 8 * g;
-      if (r < rows && c < cols) ld.load(raw[h], r, c);
+      if (r < rows && c < cols) ld.load(raw[L::kStreamPrefetch ? i % 2 : 0][h], r, c);
+    }
+  };
+  if constexpr (L::kStreamPrefetch) load_row(0);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * tr + i;
+    if constexpr (L::kStreamPrefetch) {
+      if (i + 1 < 4) load_row(i + 1);
+    } else {
+      load_row(i);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -512,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
       const bool valid = r < rows && c < cols;
       Raw8<float> x;
       if (valid) {
-        ld.finish(raw[h], c, x);
+        ld.finish(raw[L::kStreamPrefetch ? i % 2 : 0][h], c, x);
       } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) x.w[k] = 0;

@@ -22,6 +22,7 @@
 // is the same bits on every run, then rounds it once to the bias dtype.
 #pragma once
 
+#include <initializer_list>
 #include <type_traits>
 
 #include "common/kernels.h"
@@ -35,26 +36,31 @@ namespace cuda {
 namespace fused {
 
 // ---------------------------------------------------------------------------------------------
-// 8 source elements of a dtype known only at run time (fp32: 8 words; fp16/bf16: 4 packed words).
-// Fused ops take each input's dtype at run time so their kernels are instantiated per activation
-// and output mode only; the dtype branch is uniform and taken once per 8 elements.
+// 8 source elements of a dtype known only at run time. Fused ops take each input's dtype at run
+// time so their kernels are instantiated per activation, output mode and width only; the dtype
+// branch is uniform and taken once per 8 elements. kNarrow: the source is fp16/bf16 (4 packed
+// words); else any of fp32/fp16/bf16 in fp32-sized storage (8 words). The narrow form exists for
+// registers: a loader holds several of these per thread, and sized for fp32 they capped the
+// 16-bit kernels' resident CTAs and the loads each thread could keep in flight.
+template <bool kNarrow>
 struct Src8 {
-  uint32_t w[8];
+  static constexpr int kWords = kNarrow ? 4 : 8;
+  uint32_t w[kWords];
 
   __device__ __forceinline__ void zero() {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = 0;
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
   }
 
   // Elements base[i..i+7], 16-byte aligned.
   __device__ __forceinline__ void load_vec(const void* base, int64_t i, int32_t dtype) {
-    zero();
-    if (dtype == TE_DTYPE_FLOAT32) {
+    if (!kNarrow && dtype == TE_DTYPE_FLOAT32) {
       Raw8<float> r;
       r.load_vec(static_cast<const float*>(base) + i);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) w[k] = r.w[k];
+      for (int k = 0; k < kWords; ++k) w[k] = r.w[k];
     } else {
+      zero();
       Raw8<__half> r;  // fp16 and bf16 load alike: 16-bit words
       r.load_vec(static_cast<const __half*>(base) + i);
 #pragma unroll
@@ -66,11 +72,11 @@ struct Src8 {
   __device__ __forceinline__ void load_scalar(const void* base, int64_t i, int32_t dtype,
                                               int valid) {
     zero();
-    if (dtype == TE_DTYPE_FLOAT32) {
+    if (!kNarrow && dtype == TE_DTYPE_FLOAT32) {
       Raw8<float> r;
       r.load_scalar(static_cast<const float*>(base) + i, valid);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) w[k] = r.w[k];
+      for (int k = 0; k < kWords; ++k) w[k] = r.w[k];
     } else {
       Raw8<__half> r;
       r.load_scalar(static_cast<const __half*>(base) + i, valid);
@@ -81,8 +87,8 @@ struct Src8 {
 
   // Element k from base[i]; the vector must have been zeroed.
   __device__ __forceinline__ void load_one(int k, const void* base, int64_t i, int32_t dtype) {
-    if (dtype == TE_DTYPE_FLOAT32) {
-      w[k] = __ldg(static_cast<const uint32_t*>(base) + i);
+    if (!kNarrow && dtype == TE_DTYPE_FLOAT32) {
+      w[k % kWords] = __ldg(static_cast<const uint32_t*>(base) + i);
     } else {
       w[k / 2] |= static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(base) + i))
                   << (16 * (k & 1));
@@ -91,9 +97,9 @@ struct Src8 {
 
   // The 8 elements widened to fp32 (exact).
   __device__ __forceinline__ void decode(int32_t dtype, float (&v)[8]) const {
-    if (dtype == TE_DTYPE_FLOAT32) {
+    if (!kNarrow && dtype == TE_DTYPE_FLOAT32) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k]);
+      for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k % kWords]);
     } else if (dtype == TE_DTYPE_BFLOAT16) {
       Raw8<__nv_bfloat16> r;
 #pragma unroll
@@ -109,6 +115,18 @@ struct Src8 {
     }
   }
 };
+
+// Calls f(BoolC<narrow>{}) with narrow = every dtype in `dtypes` is fp16/bf16 (Src8's kNarrow).
+template <typename F>
+inline void with_width(std::initializer_list<int32_t> dtypes, F&& f) {
+  bool narrow = true;
+  for (const int32_t d : dtypes) narrow = narrow && d != TE_DTYPE_FLOAT32;
+  if (narrow) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
 
 // Size in bytes of a fp32/fp16/bf16 element.
 inline int64_t source_bytes(int32_t dtype) { return dtype == TE_DTYPE_FLOAT32 ? 4 : 2; }
@@ -163,8 +181,9 @@ __global__ void __launch_bounds__(kFlatThreads, L::kStreamMinBlocks) flat_kernel
   }
   uint32_t m = 0;
   const int64_t steps = ceil_div(p.units, kUnitsPerStep);
-  // Units loaded before any is finished: the loader's register budget (its tile batch).
-  constexpr int kBatch = 2 * L::kBatchRows;
+  // Units loaded before any is finished: the loader's register budget (its tile batch), at most
+  // the step (more units per thread spill: each holds its 64-bit row and column).
+  constexpr int kBatch = 2 * L::kBatchRows < kUnitsPerThread ? 2 * L::kBatchRows : kUnitsPerThread;
   static_assert(kUnitsPerThread % kBatch == 0, "flat_kernel: batch must divide the step");
   for (int64_t step = blockIdx.x; step < steps; step += gridDim.x) {
     const int64_t base = (p.reverse ? steps - 1 - step : step) * kUnitsPerStep + tid;
