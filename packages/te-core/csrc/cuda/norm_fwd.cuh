@@ -237,8 +237,8 @@ __device__ __forceinline__ constexpr int scatter_lane(int j) {
   return lane;
 }
 
-// Threads per CTA of the rows kernel (fwd_layout's bound) and the CTAs per SM its registers are
-// held for: 4 x 256 threads (64 registers) up to 4 chunks, but 3 (80) for 1x128 blocks of 4
+// Threads per CTA the rows kernel is compiled for (at least fwd_layout's bound) and the CTAs of
+// that size per SM its registers are held for: 4 x 256 threads (64 registers) up to 4 chunks, but 3 (80) for 1x128 blocks of 4
 // chunks, which hold all 32 y values for their scales; one CTA of 512 or two of 256 for 8 chunks
 // (ptxas -v: NOTES.md).
 template <typename T, int kChunks>
@@ -536,15 +536,22 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_reread_kernel(const FwdP
   finish_amax<kOut>(p, amax, red_max);
 }
 
-// Registers per thread bound the chunk count: 8 chunks only with 16-bit inputs at 512 threads.
+// 16-bit rows: at most 128 threads per row up to 4 chunks. Measured on the H200 (16384 rows, bf16)
+// against 256: H 4096 (2 -> 4 chunks) LayerNorm BF16 0.64 -> 0.76 of copy, FP8 delayed 0.49 ->
+// 0.56, 1x128 0.43 -> 0.54, RMSNorm FP8 delayed 0.64 -> 0.73 (BF16 0.82 -> 0.78); H 8192 (4 -> 8)
+// every per-tensor row +0.01-0.04, the 1x128 rows -0.01 / -0.06. fp32 rows keep 256 (not
+// measured). Registers per thread bound the chunk count: 8 chunks take 512 threads for 16-bit
+// inputs, 256 for fp32.
 template <typename T>
 norm::RowLayout fwd_layout(int64_t cols) {
+  constexpr int kCapBelow8 = sizeof(T) == 2 ? 128 : 256;
   return norm::choose_layout(
-      cols, [](int k) { return k < 8 ? 256 : (sizeof(T) == 2 ? 512 : 256); }, kMaxThreads);
+      cols, [](int k) { return k < 8 ? kCapBelow8 : (sizeof(T) == 2 ? 512 : 256); }, kMaxThreads);
 }
 
 // Stages of the rows kernel: 2, one row per row group in flight while the CTA works on another
-// (4 CTAs x 16 KB per SM for 16-bit rows of 8192, enough for the copy rate at ~2 us of latency).
+// (16 KB per CTA for 16-bit rows of 8192, several CTAs per SM: enough for the copy rate at ~2 us
+// of latency).
 // Measured on the H200 (16384 x 8192 bf16, NOTES.md): 3 stages lost 0.04-0.05 of copy on the FP8
 // rows and gained 0.04 only on RMSNorm's BF16 one.
 constexpr int kFwdStages = 2;
