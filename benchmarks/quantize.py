@@ -99,7 +99,10 @@ def pow2_round_down(s: torch.Tensor) -> torch.Tensor:
 
 def scale_from_amax(amax: torch.Tensor, pow2: bool) -> torch.Tensor:
     ok = torch.isfinite(amax) & (amax > 0)
-    s = torch.where(ok, E4M3_MAX / torch.where(ok, amax, torch.ones_like(amax)), torch.ones_like(amax))
+    # A true division (Python-number / tensor is reciprocal() * number in torch, an ulp off the
+    # correctly rounded quotient for about 1 amax in 4)
+    one = torch.ones_like(amax)
+    s = torch.where(ok, torch.full_like(amax, E4M3_MAX) / torch.where(ok, amax, one), one)
     s = torch.where(torch.isinf(s), torch.full_like(s, torch.finfo(torch.float32).max), s)
     return pow2_round_down(s) if pow2 else s
 
