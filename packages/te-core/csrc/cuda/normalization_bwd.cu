@@ -421,17 +421,18 @@ void reduce_partials(const NormBwdArgs& a, const float* dg_part, const float* db
   check_launch("reduce_partials_kernel");
 }
 
-// The fused path's layout: the fewest chunks (1, 2, 4) with at most 512 threads per row, and for
-// 16-bit rows at most 256 below 4 chunks. Measured on the H200 (16384 rows, bf16) against 512
-// throughout: H 4096 (1 -> 2 chunks) LayerNorm 0.49 -> 0.55 of copy, RMSNorm 0.60 -> 0.71; H 8192
-// (2 -> 4) 0.57 -> 0.55 and 0.72 -> 0.76: a row's reductions are shared by more elements per
-// thread. At most 128 threads (H 4096: 4 chunks) lost LayerNorm's gain and added nothing to
-// RMSNorm's. 16-bit rows of 16384 still take 4 chunks of 512 threads.
+// The fused path's layout: the fewest chunks (1, 2, 4) with at most 512 threads per row, but at
+// most 256 for 16-bit rows below 2 chunks (LayerNorm) or 4 (RMSNorm). Measured on the H200
+// (16384 rows, bf16) against 512 throughout: H 4096 (1 -> 2 chunks) LayerNorm 0.49 -> 0.55 of
+// copy, RMSNorm 0.60 -> 0.71; H 8192 (2 -> 4) RMSNorm 0.72 -> 0.75, LayerNorm 0.57 -> 0.54 (its
+// dbeta partials take more shared memory: 2 CTAs of 4 chunks per SM against RMSNorm's 3), so
+// LayerNorm keeps 2. At most 128 threads (H 4096: 4 chunks) lost LayerNorm's gain and added
+// nothing to RMSNorm's.
 template <typename T>
-norm::RowLayout fused_layout(int64_t cols) {
+norm::RowLayout fused_layout(int64_t cols, bool dbeta) {
+  const int narrow_chunks = sizeof(T) == 2 ? (dbeta ? 2 : 4) : 1;
   return norm::choose_layout(
-      cols, [](int k) { return k == 8 ? 0 : (sizeof(T) == 2 && k < 4 ? 256 : kMaxThreads); },
-      kMaxThreads);
+      cols, [&](int k) { return k == 8 ? 0 : (k < narrow_chunks ? 256 : kMaxThreads); }, kMaxThreads);
 }
 
 // False, launching nothing, where a CTA's partial sums and staged row do not fit the device's
@@ -463,7 +464,7 @@ bool launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layo
 
 template <typename T>
 bool fused_bwd(const NormBwdArgs& a, const BwdParams& p, cudaStream_t stream) {
-  const norm::RowLayout layout = fused_layout<T>(a.cols);
+  const norm::RowLayout layout = fused_layout<T>(a.cols, a.dbeta != nullptr);
   if (layout.chunks == 0) return false;
   bool done = false;
   norm::dispatch_chunks(layout.chunks, [&](auto chunks) {
