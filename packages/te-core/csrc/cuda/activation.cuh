@@ -4,11 +4,12 @@
 //
 // The formulas are the reference's, operation for operation: every multiply and add is an explicit
 // round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA. The only
-// differences from the CPU are the exponential and the one divide of the sigmoid forms, which run on
-// the special-function unit (__expf: 2 + 1.16|x| ulps; __fdividef: 2 ulps): CUDA's accurate tanhf
-// or expf + IEEE divide cost 2-3x their instructions (GELU: 25 per element against 9), and made
-// these passes ALU-bound. Every kernel that evaluates them (the flat pass, the tile kernel) gets
-// the same bits: a quantized output is exactly te_quantize of this backend's own fp32 result.
+// differences from the CPU are the exponential and the one divide of the sigmoid forms, which run
+// on the special-function unit (exp_sfu: __expf's 2 + 1.16|x| ulps; div_1p: __fdividef's 2 ulps):
+// CUDA's accurate tanhf or expf + IEEE divide cost 2-3x their instructions (GELU: 25 per element
+// against 9), and these passes are bound by instruction issue (NOTES.md). Every kernel that
+// evaluates them (the flat pass, the tile kernel) gets the same bits: a quantized output is
+// exactly te_quantize of this backend's own fp32 result.
 //
 // Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid), gating
 // and output mode; the dtypes of grad and input are run-time values (uniform branches once per 8
@@ -30,10 +31,27 @@ namespace activation {
 // The activation of a plain kind, and of a gated kind's first half (GLU's is the sigmoid).
 enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid };
 
-// 1 / (1 + e^-x). For 1 + e^-x > 2^126 __fdividef gives 0 (the exact result is below 2^-126);
-// the CPU reference's div_1p does the same.
+// __expf(x): ex2.approx of x * log2(e) rounded to fp32, here with ftz. __expf's non-ftz form
+// guards results below 2^-126 (3 more instructions per call, ncu / SASS: NOTES.md); every use
+// below feeds 1 + e^x, to which such a result adds nothing, so the bits are __expf's.
+__device__ __forceinline__ float exp_sfu(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269502f)));
+  return y;
+}
+
+// x * (1 / d) for d = 1 + e^z >= 1 (or NaN): __fdividef(x, d)'s reciprocal (rcp.approx) without
+// its guard for a denormal d, which d >= 1 never is (4 instructions per call). A reciprocal
+// below 2^-126 (d > 2^126) is 0 in both; the CPU reference's div_1p does the same.
+__device__ __forceinline__ float div_1p(float x, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return __fmul_rn(x, r);
+}
+
+// 1 / (1 + e^-x).
 __device__ __forceinline__ float sigmoid(float x) {
-  return __fdividef(1.0f, __fadd_rn(1.0f, __expf(-x)));
+  return div_1p(1.0f, __fadd_rn(1.0f, exp_sfu(-x)));
 }
 
 // 2u for GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): the
@@ -53,7 +71,7 @@ __device__ __forceinline__ float relu_or(float x, float positive) {
 template <int kBase>
 __device__ __forceinline__ float act(float x) {
   if constexpr (kBase == kGelu) {
-    return __fdividef(x, __fadd_rn(1.0f, __expf(-gelu_2u(x))));
+    return div_1p(x, __fadd_rn(1.0f, exp_sfu(-gelu_2u(x))));
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, x);
   } else if constexpr (kBase == kSilu) {
