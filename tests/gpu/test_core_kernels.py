@@ -402,11 +402,12 @@ def test_transpose(shape, elem, unaligned):
 
 @pytest.mark.parametrize("algo", [_C.AmaxComputeAlgo.MAX, _C.AmaxComputeAlgo.MOST_RECENT], ids=str)
 @pytest.mark.parametrize("margin", [0.0, 1.0])
-def test_delayed_scaling_update_many_tensors(algo, margin):
+@pytest.mark.parametrize("count", [3, 300])  # the small parameter block (<= 4), and 64 at a time
+def test_delayed_scaling_update_many_tensors(algo, margin, count):
     torch = _torch()
-    g = torch.Generator().manual_seed(zlib.crc32(repr(("dsu", algo, margin)).encode()))
+    g = torch.Generator().manual_seed(zlib.crc32(repr(("dsu", algo, margin, count)).encode()))
     hs, ss = [], []
-    for i in range(300):
+    for i in range(count):
         L = int(torch.randint(1, 1100 if i % 25 == 0 else 20, (1,), generator=g))
         # Wide histories (up to 70 columns: a CTA holds 32, 8 rows of threads) take many
         # segments of the in-place roll; narrow ones one.
