@@ -6,7 +6,8 @@
 // default pool, so that its release threshold can be "never": the default pool hands freed memory
 // back to the driver at every synchronization, and the next step then maps it again (measured on
 // the H200: +0.4 ms per Linear step at 16384 x 4096). The pool keeps the largest scratch a process
-// has used (at most an fp32 copy of one op's output) until the process ends.
+// has used (at most an fp32 copy of one op's output) until the process ends. Small scratch of the
+// legacy default stream skips the pool (scratch.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +30,8 @@ class Scratch {
 
  private:
   void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  int device_ = -1;  // >= 0: a block the legacy stream may keep (scratch.cu)
   cudaStream_t stream_;
 };
 
