@@ -38,6 +38,9 @@ _BGRAD = int(_C.Epilogue.BGRAD)
 _gemm_configs: dict = {}  # gemm_config()'s cache (configs are never mutated once built)
 _quantize_shapes: dict = {}  # (source shape, mode) -> output part shapes; see part_shapes()
 _packed_sizes: dict = {}  # (mode, fp8 dtype, shape) -> (row bytes, col bytes); see packed()
+_U8 = torch.uint8
+_TMP_MIN, _TMP_MAX = 1 << 20, 64 << 20  # bytes; see take_tmp()
+_tmp_free: dict = {}  # CUDA device index -> its default stream's idle temporary buffer
 
 try:  # the raw cudaStream_t of the current stream, without building a torch.cuda.Stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -93,6 +96,31 @@ def packed(mode: int, fp8: int, shape: torch.Size) -> tuple[int, int]:
             _packed_sizes.clear()
         _packed_sizes[key] = sizes
     return sizes
+
+
+def take_tmp(nbytes: int, device: torch.device, dev: int, stream: int) -> torch.Tensor:
+    """At least ``nbytes`` of uint8 device memory for one C call's temporaries (quantized copies
+    that the call's own GEMMs read) on ``stream``; hand it to give_tmp once the call returned.
+
+    On a CUDA device's default stream (0) up to 64 MB come from one idle buffer per device instead
+    of a torch.empty (3-6 us of host each on the H200 host; a small Linear step needs two). Taking
+    it removes it from the cache, so two threads never share it, and it returns only after its
+    call has enqueued all its work on that stream: the next call's kernels run after those."""
+    if stream == 0 and dev >= 0 and nbytes <= _TMP_MAX:
+        buf = _tmp_free.pop(dev, None)
+        if buf is not None and buf.numel() >= nbytes:
+            return buf
+        nbytes = max(nbytes, _TMP_MIN)
+    return _empty(nbytes, dtype=_U8, device=device)
+
+
+def give_tmp(dev: int, stream: int, buf: torch.Tensor) -> None:
+    """Ends take_tmp's loan of ``buf`` (its call has returned): on the default stream the larger
+    of it and the idle buffer becomes the idle one."""
+    if stream == 0 and dev >= 0 and buf.numel() <= _TMP_MAX:
+        idle = _tmp_free.get(dev)
+        if idle is None or idle.numel() < buf.numel():
+            _tmp_free[dev] = buf
 
 
 def stream_of(t: torch.Tensor) -> int:

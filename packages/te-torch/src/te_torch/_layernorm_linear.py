@@ -14,6 +14,7 @@ import torch
 
 from te_torch import _autocast
 from te_torch._availability import default_device
+from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear, norm
@@ -44,6 +45,7 @@ __all__ = ["LayerNormLinear"]
 _Tensor = torch.Tensor
 
 _STATE = _autocast.STATE
+_APPLY = raw_apply(LayerNormLinearFn)
 
 
 class LayerNormLinear(SingleGemmModule):
@@ -171,7 +173,8 @@ class LayerNormLinear(SingleGemmModule):
             elif c.block:
                 check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
             n_pad = 0 if c.block else pad_count(inp)
-            res = LayerNormLinearFn.apply(
+            apply = LayerNormLinearFn.apply if wrapper_needed() else _APPLY
+            res = apply(
                 pad(inp, n_pad) if n_pad else inp,
                 ln_w,
                 ln_b,

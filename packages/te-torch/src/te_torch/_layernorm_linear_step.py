@@ -25,7 +25,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import norm_config
-from te_torch._kernels import _raw_stream, packed, spec
+from te_torch._kernels import _raw_stream, give_tmp, packed, spec
 from te_torch._linear_step import (
     column_sums,
     dgrad_config,
@@ -154,11 +154,12 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         dy = dy.contiguous()
     dev = dy.get_device()
     device = dy.device
+    stream = _raw_stream(dev) if dev >= 0 else 0
     c.register_backward()
     shape = ctx.x_shape
     dln_bytes = scratch(shape.numel() * dy.element_size()) if need_dln else 0
     if g is None:
-        g, tmp, dln_ptr = grad_copies(c, dy, need_dln, need_dw, dln_bytes)
+        g, tmp, dln_ptr = grad_copies(c, dy, need_dln, need_dw, dln_bytes, stream)
     else:
         need_db = False  # summed by given_grad
         tmp = _empty(dln_bytes, dtype=_U8, device=device)
@@ -175,9 +176,10 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, ctx.w_shape, ctx.w_dtype, dev, device)
     _bwd(
         g, spec(db) if need_db else None, ctx.ln_bwd, ctx.w_bwd, dln, dgrad, dw_spec, wgrad, norm,
-        _raw_stream(dev) if dev >= 0 else 0,
+        stream,
     )  # fmt: skip
-    del parts, tmp  # alive until here
+    give_tmp(dev, stream, tmp)
+    del parts  # alive until here
     if need_dw and ctx.fuse:
         mark_main_grad(ctx.weight)
     return (dx if need_dx else None), (dlnw if need_dlnw else None), dlnb, dw, db, None, None, None, None

@@ -20,6 +20,7 @@ from te_core._ops import ACTIVATIONS
 
 from te_torch import _autocast
 from te_torch._availability import default_device
+from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import activation, linear, norm
 from te_torch._layernorm_mlp_fn import LayerNormMLPFn
@@ -45,6 +46,7 @@ from te_torch._token_pad import pad, pad_count, unpad
 __all__ = ["LayerNormMLP"]
 
 _STATE = _autocast.STATE
+_APPLY = raw_apply(LayerNormMLPFn)
 _NAMES = ", ".join(repr(n) for n in ACTIVATIONS)
 
 
@@ -195,7 +197,8 @@ class LayerNormMLP(QuantizedModule):
             elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
             n_pad = 0 if c1.block else pad_count(inp)
-            res = LayerNormMLPFn.apply(
+            apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
+            res = apply(
                 pad(inp, n_pad) if n_pad else inp,
                 ln_w,
                 ln_b,

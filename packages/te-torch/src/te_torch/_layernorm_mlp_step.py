@@ -27,7 +27,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import activation_out_shape, norm_config
-from te_torch._kernels import _raw_stream, packed, spec
+from te_torch._kernels import _raw_stream, give_tmp, packed, spec
 from te_torch._layernorm_linear_step import contiguous, norm_grads, save_norm, scratch, stats, stats_bytes
 from te_torch._linear_step import (
     column_sums,
@@ -146,7 +146,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         g1r, g1c = packed(g1q[0], g1q[1], h_shape)
         g1r, g1c = (g1r if need_dln else 0), (g1c if need_dw1 else 0)
         dn = scratch(shape.numel() * item) if need_dln else 0
-    g2, tmp, ep = grad_copies(c2, dy, need_dh, need_dw2, an + g1r + g1c + dn)
+    stream = _raw_stream(dev) if dev >= 0 else 0
+    g2, tmp, ep = grad_copies(c2, dy, need_dh, need_dw2, an + g1r + g1c + dn, stream)
     db2 = _empty((dy.shape[-1],), dtype=ctx.b_dtypes[1], device=device) if need_db2 else None
     fuse, (w1, w2) = ctx.fuse, ctx.weights
     (w1_shape, w2_shape), (w1_dtype, w2_dtype) = ctx.w_shapes, ctx.w_dtypes
@@ -170,8 +171,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         g1 = (g1q, ep + an if g1r else 0, ep + an + g1r if g1c else 0)
         fc1 = (g1, spec(db1), ctx.ln_bwd, w1_bwd, dln, dgrad1, dw1_spec, wgrad1)
     fc2 = (g2, spec(db2), ctx.a_bwd, w2_bwd, da, dgrad_config(c2) if need_dh else None, dw2_spec, wgrad2)
-    _bwd(fc2, ctx.kind, ctx.h, fc1, norm, _raw_stream(dev) if dev >= 0 else 0)
-    del tmp  # alive until here
+    _bwd(fc2, ctx.kind, ctx.h, fc1, norm, stream)
+    give_tmp(dev, stream, tmp)
     if fuse:
         if need_dw1:
             mark_main_grad(w1)

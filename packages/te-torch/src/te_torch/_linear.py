@@ -23,6 +23,7 @@ import torch
 
 from te_torch import _autocast
 from te_torch._availability import default_device
+from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear
@@ -48,6 +49,7 @@ __all__ = ["Linear"]
 _Tensor = torch.Tensor
 
 _STATE = _autocast.STATE
+_LINEAR_APPLY = raw_apply(LinearFn)
 
 
 def register_linear_params(module, in_features, out_features, bias, split, params_dtype, device) -> None:
@@ -211,7 +213,8 @@ class Linear(SingleGemmModule):
                 check_dims("Linear", c.recipe, c.block, inp, self._features)
             n_pad = 0 if c.block else pad_count(inp)
             x = pad(inp, n_pad) if n_pad else inp
-            out = LinearFn.apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
+            apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
+            out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
             if n_pad:
                 out = unpad(out, inp.shape[:-1])
         else:

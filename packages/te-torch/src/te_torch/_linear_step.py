@@ -21,7 +21,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
-from te_torch._kernels import _raw_stream, gemm_config, packed, spec
+from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import QuantizedTensor
 
 _U8 = torch.uint8
@@ -95,13 +95,14 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         inp = inp.contiguous()
     dev = inp.get_device()
     device = inp.device
+    stream = _raw_stream(dev) if dev >= 0 else 0
     xq = c.x_q[3]._flat()
     xr, xc = packed(xq[0], xq[1], inp.shape)
     if not need_dw:
         xc = 0
     plan = weight_plan(c, weight, first, need_dx)
     _, wr, wc, keep = plan
-    tmp = _empty(xr + wr, dtype=_U8, device=device)
+    tmp = take_tmp(xr + wr, device, dev, stream)
     tp = tmp.data_ptr()
     saved = sp = None
     if xc + wc:
@@ -115,8 +116,9 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     out = _empty(out_shape, dtype=inp.dtype, device=device)
     _linear_fwd(
         x_fwd, w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
-        fprop_config(c, bias), _raw_stream(dev) if dev >= 0 else 0,
+        fprop_config(c, bias), stream,
     )  # fmt: skip
+    give_tmp(dev, stream, tmp)
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
     ctx.x_bwd = (1, xq[0], xq[1], inp.shape, dev, 0, sp) if xc else None
@@ -145,16 +147,18 @@ def given_grad(dy, c, need_row: bool, need_col: bool, b_dtype) -> tuple:
     return dy, _stored_operand(gq), db, gq
 
 
-def grad_copies(c, dy: torch.Tensor, need_row: bool, need_col: bool, extra: int) -> tuple:
-    """(g, tmp, extra_ptr): dy as the kind-0 operand quantized into one temporary buffer, its
-    row-wise copy (dgrad) and/or column-wise copy (wgrad), followed by ``extra`` bytes of scratch
-    for the caller (a multiple of 256) at extra_ptr."""
+def grad_copies(c, dy: torch.Tensor, need_row: bool, need_col: bool, extra: int, stream: int) -> tuple:
+    """(g, tmp, extra_ptr): dy as the kind-0 operand quantized into one temporary buffer (from
+    take_tmp for a call on ``stream``: give_tmp it after the call), its row-wise copy (dgrad)
+    and/or column-wise copy (wgrad), followed by ``extra`` bytes of scratch for the caller (a
+    multiple of 256) at extra_ptr."""
     gq = c.g_q[3]._flat()
     gr, gc = packed(gq[0], gq[1], dy.shape)
     gr, gc = (gr if need_row else 0), (gc if need_col else 0)
-    tmp = _empty(gr + gc + extra, dtype=_U8, device=dy.device)
+    dev = dy.get_device()
+    tmp = take_tmp(gr + gc + extra, dy.device, dev, stream)
     tp = tmp.data_ptr()
-    src = (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dy.get_device())
+    src = (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dev)
     return (0, src, gq, tp if gr else 0, tp + gr if gc else 0), tmp, tp + gr + gc
 
 
@@ -199,9 +203,11 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         dy = dy.contiguous()
     dev = dy.get_device()
     device = dy.device
+    stream = _raw_stream(dev) if dev >= 0 else 0
     c.register_backward()
+    tmp = None
     if g is None:
-        g, tmp, _ = grad_copies(c, dy, need_dx, need_dw, 0)
+        g, tmp, _ = grad_copies(c, dy, need_dx, need_dw, 0, stream)
     else:
         need_db = False  # summed by given_grad
     if need_db:
@@ -216,8 +222,10 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, ctx.w_shape, ctx.w_dtype, dev, device)
     _linear_bwd(
         g, spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
-        _raw_stream(dev) if dev >= 0 else 0,
+        stream,
     )  # fmt: skip
+    if tmp is not None:
+        give_tmp(dev, stream, tmp)
     del parts  # alive until here
     if need_dw and ctx.fuse:
         mark_main_grad(ctx.weight)
