@@ -151,3 +151,37 @@ def test_fp8_output_and_grad_cuda_matches_cpu(name, dtype):
                         assert torch.equal(hg[:, col], hc[:, col]), (k, d, col)
                     else:
                         assert torch.allclose(hg[:, col], hc[:, col], rtol=1e-2), (k, d, col)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_steps_across_streams_and_sizes_are_bit_identical(name):
+    """Default-stream steps reuse one temporary buffer per device (te_torch._kernels.take_tmp)
+    and te-core's kept scratch blocks; a side stream's steps use neither. Steps of two layer
+    sizes (the buffer grows, then serves the smaller one), on the default stream, a side stream
+    and the default stream again, give the bits of each layer's first default-stream step."""
+    torch.manual_seed(0)
+    r = RECIPES[name]()
+    layers = [
+        te.Linear(k, n, params_dtype=torch.bfloat16, device=CUDA) for k, n in ((256, 512), (1024, 2048))
+    ]
+    xs = [torch.randn(64, m.in_features, device=CUDA, dtype=torch.bfloat16) for m in layers]
+    dys = [torch.randn(64, m.out_features, device=CUDA, dtype=torch.bfloat16) for m in layers]
+    for i, m in enumerate(layers):  # a first step creates the scaling state the copies hold
+        step(m, xs[i], dys[i], r)
+    states = [copy.deepcopy(m.state_dict()) for m in layers]
+
+    def run(i):
+        layers[i].load_state_dict(states[i])  # the same scaling state for every repetition
+        return step(layers[i], xs[i], dys[i], r)
+
+    want = [run(0), run(1)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = [run(1), run(0)]
+    torch.cuda.current_stream().wait_stream(side)
+    again = [run(1), run(0)]
+    for got in (on_side, again):
+        for got_step, want_step in zip(got, (want[1], want[0]), strict=True):
+            for g, e in zip(got_step, want_step, strict=True):
+                assert torch.equal(g, e)
