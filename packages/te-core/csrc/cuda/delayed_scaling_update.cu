@@ -10,10 +10,10 @@
 //
 // A CTA owns up to 32 columns of one entry (fewer when N is small, so a 1-D history of 1024 steps
 // still gets 256 threads along it). The roll is in place, so it walks the column in segments of
-// as many steps as the CTA has rows of threads: each thread reads old[j + 1], a barrier, then it
-// writes new[j]. A segment's writes (positions < j0 + rows) never touch what the next segment
-// reads (positions > j0 + rows), so one barrier per segment suffices; old[0] is read before the
-// first barrier and written back last.
+// kRowsPerThread steps per row of threads: each thread reads its old[j + 1] of the segment, a
+// barrier, then it writes their new[j]. A segment's writes (positions < j0 + S) never touch what
+// the next segment reads (positions > j0 + S), so one barrier per segment suffices; old[0] is read
+// before the first barrier and written back last.
 #include <cmath>
 
 #include "common/kernels.h"
@@ -27,6 +27,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxEntries = 64;
 constexpr int kFewEntries = 4;
+// Rows of its column a thread loads before a segment's barrier: all in flight at once, so a
+// 1024-step history of a few columns takes one segment (one barrier), not 16.
+constexpr int kRowsPerThread = 16;
 
 template <int kCap>
 struct UpdateParams {
@@ -60,16 +63,22 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
 
   const float first = (valid && r == 0) ? h[n] : 0.0f;
   float m = r == 0 ? first : -INFINITY;  // -inf: the identity of nan_max
-  for (int64_t j0 = 0; j0 < len - 1; j0 += rows_per_step) {
-    const int64_t j = j0 + r;
-    const bool active = valid && j + 1 < len;
-    float v = 0.0f;
-    if (active) {
-      v = h[(j + 1) * num + n];
-      m = nan_max(m, v);
+  const int64_t segment = static_cast<int64_t>(rows_per_step) * kRowsPerThread;
+  for (int64_t j0 = 0; j0 < len - 1; j0 += segment) {
+    float v[kRowsPerThread];
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const int64_t j = j0 + r + static_cast<int64_t>(k) * rows_per_step;
+      v[k] = valid && j + 1 < len ? h[(j + 1) * num + n] : -INFINITY;
     }
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) m = nan_max(m, v[k]);
     __syncthreads();
-    if (active) h[j * num + n] = v;
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const int64_t j = j0 + r + static_cast<int64_t>(k) * rows_per_step;
+      if (valid && j + 1 < len) h[j * num + n] = v[k];
+    }
   }
 
   partial[threadIdx.x] = m;
