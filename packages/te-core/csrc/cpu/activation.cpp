@@ -26,12 +26,13 @@ float sigmoid(float x) { return div_1p(1.0f, std::exp(-x)); }
 
 // GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
 // x sigmoid(2u) (the same function; one exp, no cancellation for x << 0): this is 2u.
-float gelu_2u(float x) { return x * (1.5957691f + 0.071354816f * x * x); }
+float gelu_2u(float x) { return x * std::fma(0.071354816f * x, x, 1.5957691f); }
 
-float dsigmoid(float x) {
-  const float s = sigmoid(x);
-  return s * (1.0f - s);
-}
+// s (1 - s) as s - s^2 in one rounding (std::fma, as CUDA's __fmaf_rn: the two backends fuse the
+// same products, so only the exponential and the divide differ).
+float dsigmoid_of(float s) { return std::fma(-s, s, s); }
+
+float dsigmoid(float x) { return dsigmoid_of(sigmoid(x)); }
 
 // The activation of a gated kind's first half, or of a plain kind; and its derivative.
 int32_t base_kind(int32_t activation) {
@@ -64,11 +65,11 @@ float dact(int32_t kind, float x) {
   switch (kind) {
     case TE_ACTIVATION_GELU: {
       const float s = sigmoid(gelu_2u(x));
-      return x * (s * (1.0f - s)) * (1.5957691f + 0.21406445f * x * x) + s;
+      return std::fma(x * dsigmoid_of(s), std::fma(0.21406445f * x, x, 1.5957691f), s);
     }
     case TE_ACTIVATION_RELU: return x > 0.0f ? 1.0f : (x == x ? 0.0f : x);
-    case TE_ACTIVATION_SILU: return x * dsigmoid(x) + sigmoid(x);
-    case TE_ACTIVATION_QGELU: return 1.702f * x * dsigmoid(1.702f * x) + sigmoid(1.702f * x);
+    case TE_ACTIVATION_SILU: return std::fma(x, dsigmoid(x), sigmoid(x));
+    case TE_ACTIVATION_QGELU: return std::fma(1.702f * x, dsigmoid(1.702f * x), sigmoid(1.702f * x));
     case TE_ACTIVATION_SRELU: return x > 0.0f ? 2.0f * x : (x == x ? 0.0f : x);
     default: return dsigmoid(x);
   }

@@ -2,8 +2,9 @@
 // the fp32 math shared by activation_fwd.cu and activation_bwd.cu (two files so the two sets of
 // kernels, each one per base activation and output mode, compile in parallel).
 //
-// The formulas are the reference's, operation for operation: every multiply and add is an explicit
-// round-to-nearest intrinsic (__fmul_rn ...), which nvcc never contracts into an FMA. The only
+// The formulas are the reference's, operation for operation: every multiply, add and fused
+// multiply-add is an explicit round-to-nearest intrinsic (__fmul_rn, __fmaf_rn ...), which nvcc
+// never contracts or splits, and the reference makes the same calls (std::fma). The only
 // differences from the CPU are the exponential and the one divide of the sigmoid forms, which run
 // on the special-function unit (exp_sfu: __expf's 2 + 1.16|x| ulps; div_1p: __fdividef's 2 ulps):
 // CUDA's accurate tanhf or expf + IEEE divide cost 2-3x their instructions (GELU: 25 per element
@@ -57,11 +58,11 @@ __device__ __forceinline__ float sigmoid(float x) {
 // 2u for GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): the
 // forms below use 0.5 (1 + tanh(u)) = sigmoid(2u), which also has no cancellation for x << 0.
 __device__ __forceinline__ float gelu_2u(float x) {
-  return __fmul_rn(x, __fadd_rn(1.5957691f, __fmul_rn(__fmul_rn(0.071354816f, x), x)));
+  return __fmul_rn(x, __fmaf_rn(__fmul_rn(0.071354816f, x), x, 1.5957691f));
 }
 
-// s * (1 - s) from s = sigmoid(x).
-__device__ __forceinline__ float dsigmoid_of(float s) { return __fmul_rn(s, __fsub_rn(1.0f, s)); }
+// s (1 - s) from s = sigmoid(x), as s - s^2 in one rounding.
+__device__ __forceinline__ float dsigmoid_of(float s) { return __fmaf_rn(-s, s, s); }
 
 // x for x > 0, else 0, NaN staying NaN.
 __device__ __forceinline__ float relu_or(float x, float positive) {
@@ -90,17 +91,17 @@ __device__ __forceinline__ float dact(float x) {
   if constexpr (kBase == kGelu) {
     // s + x s (1 - s) d(2u)/dx
     const float s = sigmoid(gelu_2u(x));
-    const float d2u = __fadd_rn(1.5957691f, __fmul_rn(__fmul_rn(0.21406445f, x), x));
-    return __fadd_rn(__fmul_rn(__fmul_rn(x, dsigmoid_of(s)), d2u), s);
+    const float d2u = __fmaf_rn(__fmul_rn(0.21406445f, x), x, 1.5957691f);
+    return __fmaf_rn(__fmul_rn(x, dsigmoid_of(s)), d2u, s);
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, 1.0f);
   } else if constexpr (kBase == kSilu) {
     const float s = sigmoid(x);
-    return __fadd_rn(__fmul_rn(x, dsigmoid_of(s)), s);
+    return __fmaf_rn(x, dsigmoid_of(s), s);
   } else if constexpr (kBase == kQgelu) {
     const float y = __fmul_rn(1.702f, x);
     const float s = sigmoid(y);
-    return __fadd_rn(__fmul_rn(y, dsigmoid_of(s)), s);
+    return __fmaf_rn(y, dsigmoid_of(s), s);
   } else if constexpr (kBase == kSrelu) {
     return relu_or(x, __fmul_rn(2.0f, x));
   } else {
