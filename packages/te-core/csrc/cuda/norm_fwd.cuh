@@ -41,8 +41,10 @@ enum OutKind : int { kOutHigh = 0, kOutPerTensor = 1, kOutBlock1D = 2 };
 struct FwdParams {
   const void* x;  // [rows, cols]
   int64_t rows, cols;
-  const float* gamma;  // [cols], fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights)
-  const float* beta;   // [cols] fp32, or nullptr
+  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights), in pieces for LayerNorm's
+  // rows kernel, else in the natural layout (fwd_weight_pieces).
+  const float* gamma;
+  const float* beta;  // or nullptr
   float eps;
   bool rms;
   // Computed stats are written where non-null; with load_stats they are read instead (pass 2).
@@ -88,15 +90,30 @@ __device__ __forceinline__ float add_squares(float sq, const float (&d)[8], int 
 }
 
 // y = ((x - mu) * rsigma) * gamma + beta of one chunk, from its centered values d, in place.
+__device__ __forceinline__ void apply_weights(float rs, const float (&g)[8], const float (&b)[8], bool beta,
+                                              float (&d)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    d[k] = __fmul_rn(__fmul_rn(d[k], rs), g[k]);
+    if (beta) d[k] = __fadd_rn(d[k], b[k]);
+  }
+}
+
+// The same for column c, the weights in the natural layout (the re-read kernel).
 __device__ __forceinline__ void chunk_y(const FwdParams& p, int64_t c, int valid, float rs, float (&d)[8]) {
   float g[8], b[8];
   norm::load8f(p.gamma, c, valid, g);
   if (p.beta != nullptr) norm::load8f(p.beta, c, valid, b);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    d[k] = __fmul_rn(__fmul_rn(d[k], rs), g[k]);
-    if (p.beta != nullptr) d[k] = __fadd_rn(d[k], b[k]);
-  }
+  apply_weights(rs, g, b, p.beta != nullptr, d);
+}
+
+// The same for thread t's chunk j, the weights in pieces (the rows kernel; norm::WeightPieces).
+__device__ __forceinline__ void chunk_y_pieces(const FwdParams& p, int j, int X, int t, float rs,
+                                               float (&d)[8]) {
+  float g[8], b[8];
+  norm::load8p(p.gamma, j, X, t, g);
+  if (p.beta != nullptr) norm::load8p(p.beta, j, X, t, b);
+  apply_weights(rs, g, b, p.beta != nullptr, d);
 }
 
 // Max of |y| bits over the chunk's `valid` elements (whole chunks without the masks).
@@ -247,9 +264,9 @@ template <typename T, int kOut, int kChunks>
 constexpr int kRowMinBlocks =
     kChunks <= 4 ? (kOut == kOutBlock1D && kChunks == 4 ? 3 : 4) : (sizeof(T) == 2 ? 1 : 2);
 
+// The rows kernel's body; the kernels below differ only in how their registers are bounded.
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
-__global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut, kChunks>)
-    norm_fwd_rows_kernel(const FwdParams p) {
+__device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   extern __shared__ uint4 staged[];  // [stages][Y][kChunks][kQuads][X] 16-byte pieces
   __shared__ __align__(16) float red[2 * kMaxThreads / 32];
   __shared__ uint32_t red_max[kMaxThreads / 32];
@@ -323,30 +340,28 @@ __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut
     fetch_stats(row + step, next_mu, next_rs);
 
     if (!p.load_stats) {
-      // The row as fp32 for both sums (widened once), centered once mu is known.
-      float d[kChunks][8];
+      // The row in its own dtype for both sums, widened where used: a 16-bit row of 8 chunks is
+      // 32 registers this way against 64 as fp32, which held the kernel at 128 registers and
+      // 4 CTAs of 128 threads per SM at H 8192 (NOTES.md).
+      Raw8<T> v[kChunks];
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        Raw8<T> v;
-        norm::read_chunk(v, slot + j * kQ * X, X);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) d[j][k] = v.get(k);
-      }
+      for (int j = 0; j < kChunks; ++j) norm::read_chunk(v[j], slot + j * kQ * X, X);
       if (!kRms) {
         float sum[1] = {0.0f};  // elements outside the row are +0, as the CPU never sees them
 #pragma unroll
         for (int j = 0; j < kChunks; ++j)
 #pragma unroll
-          for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], d[j][k]);
+          for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], v[j].get(k));
         norm::row_sum_pp(sum, red, parity);
         mu = __fdiv_rn(sum[0], n);
       }
       float sq[1] = {0.0f};
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
+        float d[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) d[j][k] = centered<kRms>(d[j][k], mu);
-        sq[0] = add_squares(sq[0], d[j], full ? 8 : valid_of(j, true));
+        for (int k = 0; k < 8; ++k) d[k] = centered<kRms>(v[j].get(k), mu);
+        sq[0] = add_squares(sq[0], d, full ? 8 : valid_of(j, true));
       }
       norm::row_sum_pp(sq, red, parity);
       rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
@@ -369,7 +384,11 @@ __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut
       norm::read_chunk(v, slot + j * kQ * X, X);
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
-      chunk_y(p, t * 8 + j * X * 8, valid, rs, y);
+      if constexpr (kRms) {
+        chunk_y(p, t * 8 + j * X * 8, valid, rs, y);
+      } else {
+        chunk_y_pieces(p, j, X, t, rs, y);
+      }
     };
     if constexpr (kOut != kOutBlock1D) {
       auto out = [&](auto whole_tag) {
@@ -438,6 +457,26 @@ __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut
   }
   finish_amax<kOut>(p, amax, red_max);
 }
+
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+__global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut, kChunks>)
+    norm_fwd_rows_kernel(const FwdParams p) {
+  fwd_rows<T, kOut, kFmt, kChunks, kRms>(p);
+}
+
+// LayerNorm's 16-bit rows of 8 chunks with a high-precision or per-tensor output: at most 80
+// registers, so that H 8192 (128 threads per row) runs 6 CTAs per SM instead of the 4 that
+// __launch_bounds__(512) left room for at 128 registers (a 512-thread CTA, H 32768, still fits at
+// 80). Measured on the H200 (16384 x 8192 bf16, NOTES.md): LayerNorm BF16 0.80 -> 0.81 of copy,
+// FP8 0.61 -> 0.63; RMSNorm FP8 0.77 -> 0.73, so RMSNorm keeps the bound above, as do the 1x128
+// rows (they hold all 64 y values for their block scales).
+constexpr int kWideRowRegs = 80;
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+__global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdParams p) {
+  fwd_rows<T, kOut, kFmt, kChunks, kRms>(p);
+}
+template <typename T, int kOut, int kChunks, bool kRms>
+constexpr bool kWideRows = !kRms && sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D;
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
 template <typename T, int kOut, int kFmt>
@@ -556,9 +595,20 @@ norm::RowLayout fwd_layout(int64_t cols) {
 // rows and gained 0.04 only on RMSNorm's BF16 one.
 constexpr int kFwdStages = 2;
 
+template <auto kKernel, typename T, int kChunks>
+void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
+
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
 void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
-  constexpr auto kKernel = norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>;
+  if constexpr (kWideRows<T, kOut, kChunks, kRms>) {
+    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks>(p, layout, stream);
+  } else {
+    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks>(p, layout, stream);
+  }
+}
+
+template <auto kKernel, typename T, int kChunks>
+void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   const int threads = layout.threads * layout.rows;
   // Fewer stages where a CTA's shared memory is smaller (99 KB on sm_89/120): one stage, the row
   // copied and waited for in the same turn, always fits (64 KB at most).
@@ -596,6 +646,20 @@ void launch_fwd(const FwdParams& p, int32_t in_dtype, cudaStream_t stream) {
       }
     });
   });
+}
+
+// The layout of the weights launch_fwd's kernel reads for this norm, input dtype and H: pieces for
+// LayerNorm's rows kernel. RMSNorm's read the natural layout: in pieces its BF16 and 1x128 rows
+// measured 0.87 -> 0.85 and 0.65 -> 0.63 of copy at H 8192 on the H200 (its FP8 row 0.76 -> 0.77),
+// where LayerNorm's, with twice the weights to load, gained on every row (NOTES.md).
+inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t cols) {
+  norm::WeightPieces w;
+  if (rms) return w;
+  dispatch_source(in_dtype, [&](auto tag) {
+    const norm::RowLayout layout = fwd_layout<decltype(tag)>(cols);
+    if (layout.chunks > 0) w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks};
+  });
+  return w;
 }
 
 // One translation unit each (normalization_fwd_*.cu).

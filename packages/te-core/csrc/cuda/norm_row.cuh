@@ -59,18 +59,30 @@ void dispatch_chunks(int chunks, F&& f) {
   }
 }
 
+// Where the rows kernels find a thread's weights. Natural (x == 0): column c at w[c]. In pieces
+// (x = X, the kernel's threads per row): thread t's chunk j, columns (j * X + t) * 8 + 0..7, as
+// two 16-byte pieces, columns 0-3 at float4 index 2 * j * X + t and 4-7 at (2 * j + 1) * X + t,
+// `width` = X * 8 * chunks floats, zero past the row. A warp's 16-byte loads of one piece are then
+// consecutive; in the natural layout each lane's 8 weights are 32 contiguous bytes, so every load
+// instruction used half of each sector it fetched, twice over, and the weights were most of the
+// rows kernels' L1 traffic (ncu at H 8192: L1 the busiest unit, 77%; NOTES.md).
+struct WeightPieces {
+  int x = 0;
+  int64_t width = 0;
+};
+
 // gamma (and beta) as the fp32 values the kernels multiply by and add: gamma + 1 where gamma is
 // zero-centered (__fadd_rn(1.0f, g), the formula's own rounding, done once per column instead of
-// once per element), else widened (exact). The caller's own pointers where they already are that
-// (fp32, 16-byte aligned, not zero-centered); else copies in scratch written by one small kernel.
-// Either way both are 16-byte aligned.
+// once per element), else widened (exact). In the natural layout, the caller's own pointers where
+// they already are that (fp32, 16-byte aligned, not zero-centered); otherwise, and always in
+// pieces, copies in scratch written by one small kernel. Either way both are 16-byte aligned.
 // The kernels then load 8 weights with two 16-byte loads and no conversion: branching on the
 // weights' dtype and widening them per chunk cost the first kernels ~8 of their ~38 instructions
 // per element (benchmarks/NOTES.md).
 class Fp32Weights {
  public:
   Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
-              bool zero_centered, int64_t cols, cudaStream_t stream);
+              bool zero_centered, int64_t cols, WeightPieces pieces, cudaStream_t stream);
   const float* gamma() const { return gamma_; }
   const float* beta() const { return beta_; }  // nullptr without beta
 
@@ -207,6 +219,15 @@ __device__ __forceinline__ void load8f(const float* w, int64_t c, int valid, flo
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = k < valid ? __ldg(w + c + k) : 0.0f;
   }
+}
+
+// Thread t's 8 weights of chunk j from a copy in pieces (WeightPieces, x = X).
+__device__ __forceinline__ void load8p(const float* w, int j, int X, int t, float (&out)[8]) {
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  const float4 lo = __ldg(w4 + 2 * j * X + t);
+  const float4 hi = __ldg(w4 + (2 * j + 1) * X + t);
+  out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+  out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
 }
 
 // Rounds (RNE) and stores elements [0, valid) of v; vec: p is 16-byte aligned.

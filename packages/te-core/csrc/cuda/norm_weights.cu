@@ -14,34 +14,47 @@ __device__ __forceinline__ float load1(const void* p, int32_t dtype, int64_t i) 
 
 __global__ void __launch_bounds__(256)
     fp32_weights_kernel(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
-                        bool zero_centered, int64_t cols, float* gamma_out, float* beta_out) {
+                        bool zero_centered, int64_t cols, WeightPieces pieces, float* gamma_out,
+                        float* beta_out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= cols) return;
-  const float g = load1(gamma, gamma_dtype, i);
-  gamma_out[i] = zero_centered ? __fadd_rn(1.0f, g) : g;
-  if (beta_out != nullptr) beta_out[i] = load1(beta, beta_dtype, i);
+  int64_t c = i;  // the column copied to i
+  if (pieces.x > 0) {
+    if (i >= pieces.width) return;
+    // 32-bit: a copy in pieces holds at most 512 threads x 8 chunks x 8 columns.
+    const int n = static_cast<int>(i), piece = n / 4, jq = piece / pieces.x;
+    c = ((jq / 2) * pieces.x + piece % pieces.x) * 8 + (jq % 2) * 4 + n % 4;
+  } else if (i >= cols) {
+    return;
+  }
+  const bool in = c < cols;  // padding of the pieces: 0, as the kernels' masked loads read it
+  const float g = in ? load1(gamma, gamma_dtype, c) : 0.0f;
+  gamma_out[i] = zero_centered && in ? __fadd_rn(1.0f, g) : g;
+  if (beta_out != nullptr) beta_out[i] = in ? load1(beta, beta_dtype, c) : 0.0f;
 }
 
 // gamma's length in the scratch, rounded up to 4 floats so beta after it starts 16-byte aligned.
-int64_t padded(int64_t cols) { return (cols + 3) / 4 * 4; }
+int64_t padded(int64_t n) { return (n + 3) / 4 * 4; }
 
 }  // namespace
 
 Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
-                         bool zero_centered, int64_t cols, cudaStream_t stream)
-    : scratch_(!zero_centered && usable(gamma, gamma_dtype) && (beta == nullptr || usable(beta, beta_dtype))
+                         bool zero_centered, int64_t cols, WeightPieces pieces, cudaStream_t stream)
+    : scratch_(pieces.x == 0 && !zero_centered && usable(gamma, gamma_dtype) &&
+                       (beta == nullptr || usable(beta, beta_dtype))
                    ? 0
-                   : sizeof(float) * static_cast<size_t>(padded(cols)) * (beta != nullptr ? 2 : 1),
+                   : sizeof(float) * static_cast<size_t>(padded(pieces.x > 0 ? pieces.width : cols)) *
+                         (beta != nullptr ? 2 : 1),
                stream, "norm scratch"),
       gamma_(static_cast<const float*>(gamma)),
       beta_(static_cast<const float*>(beta)) {
   if (scratch_.as<float>() == nullptr) return;
+  const int64_t n = pieces.x > 0 ? pieces.width : cols;
   float* g = scratch_.as<float>();
-  float* b = beta != nullptr ? g + padded(cols) : nullptr;  // 16-byte aligned, as the kernels load it
-  const int64_t blocks = ceil_div(cols, 256);
+  float* b = beta != nullptr ? g + padded(n) : nullptr;  // 16-byte aligned, as the kernels load it
+  const int64_t blocks = ceil_div(n, 256);
   if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "fp32_weights_kernel: H too large");
   fp32_weights_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      gamma, gamma_dtype, beta, beta_dtype, zero_centered, cols, g, b);
+      gamma, gamma_dtype, beta, beta_dtype, zero_centered, cols, pieces, g, b);
   check_launch("fp32_weights_kernel");
   gamma_ = g;
   beta_ = b;

@@ -113,7 +113,8 @@ void norm_fwd(const NormFwdArgs& a, void* stream_ptr) {
   p.rows = a.rows;
   p.cols = a.cols;
   const norm::Fp32Weights w(a.gamma, a.gamma_dtype, a.rms ? nullptr : a.beta, a.beta_dtype,
-                            a.zero_centered_gamma, a.cols, stream);
+                            a.zero_centered_gamma, a.cols,
+                            normfwd::fwd_weight_pieces(a.rms, a.in_dtype, a.cols), stream);
   p.gamma = w.gamma();
   p.beta = w.beta();
   p.eps = a.eps;

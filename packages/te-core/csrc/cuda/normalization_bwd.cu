@@ -37,7 +37,9 @@ struct BwdParams {
   int64_t rows, cols;
   const float* mu;  // [rows], LayerNorm only
   const float* rsigma;
-  const float* gamma;  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights)
+  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights): in pieces for the fused
+  // kernel, in the natural layout for the generic path.
+  const float* gamma;
   bool rms;
   const void* add;  // [rows, cols] or nullptr
   int32_t add_dtype;
@@ -62,14 +64,13 @@ __device__ __forceinline__ float dx_at(const Grad& d, float mean_dxhat, float me
   return __fmul_rn(rs, __fsub_rn(__fsub_rn(d.dxhat, mean_dxhat), __fmul_rn(d.xhat, mean_proj)));
 }
 
-// dx of one chunk (column c of the row at `base`), with `add`, stored.
+// dx of one chunk (column c of the row at `base`, weights g), with `add`, stored.
 template <typename TX, typename TD>
 __device__ __forceinline__ void emit_dx(const BwdParams& p, int64_t base, int64_t c, int valid,
-                                        const Raw8<TX>& vx, const Raw8<TD>& vd, float mu, float rs,
-                                        float mean_dxhat, float mean_proj, bool dx_vec,
+                                        const Raw8<TX>& vx, const Raw8<TD>& vd, const float (&g)[8], float mu,
+                                        float rs, float mean_dxhat, float mean_proj, bool dx_vec,
                                         bool add_vec) {
-  float g[8], a[8], dx[8];
-  norm::load8f(p.gamma, c, valid, g);
+  float a[8], dx[8];
   if (p.add != nullptr) norm::load8(p.add, p.add_dtype, base + c, valid, add_vec, a);
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -96,10 +97,10 @@ __device__ __forceinline__ RowPtrs row_ptrs(const BwdParams& p, int64_t base) {
 
 // ---- fused path -----------------------------------------------------------------------------
 
-// Adds 8 values into 8 consecutive floats of shared memory (two 16-byte accesses).
-__device__ __forceinline__ void add8(float* acc, const float (&v)[8]) {
-  float4* a = reinterpret_cast<float4*>(acc);
-  float4 lo = a[0], hi = a[1];
+// Adds 8 values into a thread's two 16-byte pieces of partial sums: elements 0-3 at acc[0], 4-7
+// at acc[X] (acc_piece's layout).
+__device__ __forceinline__ void add8(float4* acc, int X, const float (&v)[8]) {
+  float4 lo = acc[0], hi = acc[X];
   lo.x = __fadd_rn(lo.x, v[0]);
   lo.y = __fadd_rn(lo.y, v[1]);
   lo.z = __fadd_rn(lo.z, v[2]);
@@ -108,12 +109,20 @@ __device__ __forceinline__ void add8(float* acc, const float (&v)[8]) {
   hi.y = __fadd_rn(hi.y, v[5]);
   hi.z = __fadd_rn(hi.z, v[6]);
   hi.w = __fadd_rn(hi.w, v[7]);
-  a[0] = lo;
-  a[1] = hi;
+  acc[0] = lo;
+  acc[X] = hi;
 }
 
-// The dgamma/dbeta partial sums live in shared memory, not registers: [2][Y][X * 8 * kChunks]
-// floats, each thread reading and writing only its own columns (no barrier needed), so the
+// Piece q (0, 1) of chunk j of thread t in a row group's partial sums: [kChunks][2][X] 16-byte
+// pieces, so a warp's 16-byte accesses cover consecutive bytes. Each thread's 8 columns as 32
+// contiguous bytes put 8 lanes' pieces 32 bytes apart: two wavefronts per quarter-warp, every
+// partial-sum access bank-conflicted two ways (4 of the 6 shared-memory accesses per element
+// pair in LayerNorm's backward).
+__device__ __forceinline__ float4* acc_piece(float4* acc, int X, int t, int j) { return acc + 2 * j * X + t; }
+
+// The dgamma/dbeta partial sums live in shared memory, not registers: [2][Y] row-group blocks of
+// X * 8 * kChunks floats (acc_piece's layout), each thread reading and writing only its own
+// columns (no barrier needed), so the
 // registers hold just the row data and the CTA count per SM is not cut by 2 * H accumulators
 // per CTA in the register file. 16-bit rows of up to 16384 run at 512 threads x 4 chunks.
 // Two CTAs of 512 threads per SM (64 registers) where the row data allows: 16-bit rows of up to
@@ -136,8 +145,8 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
   constexpr int kQ = norm::kQuads<T>;
   const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
   const int width = X * 8 * kChunks;
-  float* acc_g = reinterpret_cast<float*>(acc_smem) + ty * width;  // this row group's dgamma
-  float* acc_b = acc_g + Y * width;                                 // and dbeta
+  float4* const acc_g = acc_smem + ty * (width / 4);  // this row group's dgamma
+  float4* const acc_b = acc_g + Y * (width / 4);       // and dbeta
   uint4* const staged_dz =
       reinterpret_cast<uint4*>(reinterpret_cast<float*>(acc_smem) + (kDbeta ? 2 : 1) * Y * width) +
       ty * kChunks * kQ * X + t;
@@ -148,11 +157,11 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
   const float n = static_cast<float>(cols);
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
-    float4* g4 = reinterpret_cast<float4*>(acc_g + (j * X + t) * 8);
-    g4[0] = g4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4* g4 = acc_piece(acc_g, X, t, j);
+    g4[0] = g4[X] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if constexpr (kDbeta) {
-      float4* b4 = reinterpret_cast<float4*>(acc_b + (j * X + t) * 8);
-      b4[0] = b4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4* b4 = acc_piece(acc_b, X, t, j);
+      b4[0] = b4[X] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
 
@@ -220,10 +229,9 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
     float sums[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int64_t c = static_cast<int64_t>(j * X + t) * 8;
       const int valid = valid_of(j, live);
       float g[8], pg[8], pb[8];
-      norm::load8f(p.gamma, c, valid, g);
+      norm::load8p(p.gamma, j, X, t, g);
       if (valid == 8) {  // whole chunks (all but a row's last) without the masks below
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -247,8 +255,8 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
         }
       }
       if (valid > 0) {
-        add8(acc_g + (j * X + t) * 8, pg);
-        if constexpr (kDbeta) add8(acc_b + (j * X + t) * 8, pb);
+        add8(acc_piece(acc_g, X, t, j), X, pg);
+        if constexpr (kDbeta) add8(acc_piece(acc_b, X, t, j), X, pb);
       }
     }
     norm::row_sum_pp(sums, red, parity);
@@ -257,7 +265,9 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = static_cast<int64_t>(j * X + t) * 8;
-      emit_dx(p, base, c, valid_of(j, live), vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec,
+      float g[8];
+      norm::load8p(p.gamma, j, X, t, g);
+      emit_dx(p, base, c, valid_of(j, live), vx[j], vd[j], g, mu, rs, mean_dxhat, mean_proj, rp.dx_vec,
               rp.add_vec);
     }
   }
@@ -271,14 +281,15 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
     const int64_t c = static_cast<int64_t>(j * X + t) * 8;
     const int valid = norm::chunk_valid(cols, c);
     if (valid == 0) continue;
-    const int i = (j * X + t) * 8;
     for (int half = 0; half < (kDbeta ? 2 : 1); ++half) {
-      const float* a = (half == 0 ? acc_g : acc_b) + i;
+      const float* lo = reinterpret_cast<const float*>(acc_piece(half == 0 ? acc_g : acc_b, X, t, j));
+      const float* hi = lo + 4 * X;
       float v[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        v[k] = a[k];
-        for (int y = 1; y < Y; ++y) v[k] = __fadd_rn(v[k], a[y * width + k]);
+        const float* a = (k < 4 ? lo : hi) + k % 4;
+        v[k] = a[0];
+        for (int y = 1; y < Y; ++y) v[k] = __fadd_rn(v[k], a[y * width]);
       }
       float* part = half == 0 ? p.dgamma_part : p.dbeta_part;
       norm::store8(part + static_cast<int64_t>(blockIdx.x) * cols + c, v, valid, vec);
@@ -349,7 +360,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_dx_kernel(const BwdParam
     for (int j = 0; j < kIter; ++j) {
       const int64_t c = c0 + static_cast<int64_t>(j * X + t) * 8;
       const int valid = live ? norm::chunk_valid(cols, c) : 0;
-      emit_dx(p, base, c, valid, vx[j], vd[j], mu, rs, mean_dxhat, mean_proj, rp.dx_vec, rp.add_vec);
+      float g[8];
+      norm::load8f(p.gamma, c, valid, g);
+      emit_dx(p, base, c, valid, vx[j], vd[j], g, mu, rs, mean_dxhat, mean_proj, rp.dx_vec, rp.add_vec);
     }
   }
 }
@@ -427,7 +440,8 @@ void reduce_partials(const NormBwdArgs& a, const float* dg_part, const float* db
 // copy, RMSNorm 0.60 -> 0.71; H 8192 (2 -> 4) RMSNorm 0.72 -> 0.75, LayerNorm 0.57 -> 0.54 (its
 // dbeta partials take more shared memory: 2 CTAs of 4 chunks per SM against RMSNorm's 3), so
 // LayerNorm keeps 2. At most 128 threads (H 4096: 4 chunks) lost LayerNorm's gain and added
-// nothing to RMSNorm's.
+// nothing to RMSNorm's. Re-measured with conflict-free partial sums and weights in pieces
+// (eleventh session): LayerNorm at H 8192, 2 chunks 0.71, 4 chunks 0.67-0.68.
 template <typename T>
 norm::RowLayout fused_layout(int64_t cols, bool dbeta) {
   const int narrow_chunks = sizeof(T) == 2 ? (dbeta ? 2 : 4) : 1;
@@ -445,6 +459,9 @@ bool launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layo
   const size_t smem = bwd_smem_bytes<T, kChunks, kDbeta>(threads);
   if (smem > norm::max_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>()) return false;
   norm::allow_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>(smem);
+  const norm::Fp32Weights w(a.gamma, a.gamma_dtype, nullptr, TE_DTYPE_FLOAT32, a.zero_centered_gamma, a.cols,
+                            {layout.threads, static_cast<int64_t>(layout.threads) * 8 * kChunks}, stream);
+  p.gamma = w.gamma();
   // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
   // busy.
   const int64_t groups = ceil_div(a.rows, layout.rows);
@@ -479,6 +496,9 @@ bool fused_bwd(const NormBwdArgs& a, const BwdParams& p, cudaStream_t stream) {
 
 template <typename TX, typename TD>
 void generic_bwd(const NormBwdArgs& a, BwdParams p, cudaStream_t stream) {
+  const norm::Fp32Weights w(a.gamma, a.gamma_dtype, nullptr, TE_DTYPE_FLOAT32, a.zero_centered_gamma, a.cols,
+                            {}, stream);
+  p.gamma = w.gamma();
   const norm::RowLayout layout = norm::choose_layout(a.cols, [](int) { return 0; }, kMaxThreads);
   const int64_t grid = ceil_div(a.rows, layout.rows);
   if (grid > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "norm_bwd_dx_kernel: too many rows");
@@ -524,9 +544,6 @@ void norm_bwd(const NormBwdArgs& a, void* stream_ptr) {
   p.cols = a.cols;
   p.mu = a.rms ? nullptr : a.mu;
   p.rsigma = a.rsigma;
-  const norm::Fp32Weights w(a.gamma, a.gamma_dtype, nullptr, TE_DTYPE_FLOAT32, a.zero_centered_gamma,
-                            a.cols, stream);
-  p.gamma = w.gamma();
   p.rms = a.rms;
   p.add = a.add;
   p.add_dtype = a.add_dtype;
