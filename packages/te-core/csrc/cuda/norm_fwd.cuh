@@ -591,30 +591,36 @@ norm::RowLayout fwd_layout(int64_t cols) {
 // Stages of the rows kernel: 2, one row per row group in flight while the CTA works on another
 // (16 KB per CTA for 16-bit rows of 8192, several CTAs per SM: enough for the copy rate at ~2 us
 // of latency).
-// Measured on the H200 (16384 x 8192 bf16, NOTES.md): 3 stages lost 0.04-0.05 of copy on the FP8
-// rows and gained 0.04 only on RMSNorm's BF16 one.
-constexpr int kFwdStages = 2;
+// Measured on the H200 (16384 rows, bf16, NOTES.md): 3 stages lost 0.04-0.05 of copy on the FP8
+// rows and gained 0.04 only on RMSNorm's BF16 one (fifth session). Again after the eleventh
+// session's changes: at H 8192 every row lost (RMSNorm BF16 0.87 -> 0.83, FP8 0.77 -> 0.63,
+// LayerNorm BF16 0.82 -> 0.76), at H 4096 (16-bit rows of 4 chunks) all but RMSNorm's BF16 output,
+// 0.79 -> 0.86, which takes 3.
+template <typename T, int kOut, int kChunks, bool kRms>
+constexpr int kFwdStages = (kRms && kOut == kOutHigh && sizeof(T) == 2 && kChunks == 4) ? 3 : 2;
 
-template <auto kKernel, typename T, int kChunks>
+template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
 
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
 void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   if constexpr (kWideRows<T, kOut, kChunks, kRms>) {
-    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks>(p, layout, stream);
+    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks,
+                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
   } else {
-    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks>(p, layout, stream);
+    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks,
+                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
   }
 }
 
-template <auto kKernel, typename T, int kChunks>
+template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   const int threads = layout.threads * layout.rows;
   // Fewer stages where a CTA's shared memory is smaller (99 KB on sm_89/120): one stage, the row
   // copied and waited for in the same turn, always fits (64 KB at most).
   const size_t stage_bytes = static_cast<size_t>(threads) * kChunks * sizeof(Raw8<T>);
   const size_t fit = norm::max_dynamic_smem<kKernel>() / stage_bytes;
-  const int wanted = kFwdStages;
+  const int wanted = kStages;
   p.stages = fit >= static_cast<size_t>(wanted) ? wanted : std::max(1, static_cast<int>(fit));
   const size_t smem = static_cast<size_t>(p.stages) * stage_bytes;
   norm::allow_dynamic_smem<kKernel>(smem);
