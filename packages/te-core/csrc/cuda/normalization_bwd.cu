@@ -118,15 +118,16 @@ __device__ __forceinline__ void add8(float4* acc, int X, const float (&v)[8]) {
 // contiguous bytes put 8 lanes' pieces 32 bytes apart: two wavefronts per quarter-warp, every
 // partial-sum access bank-conflicted two ways (4 of the 6 shared-memory accesses per element
 // pair in LayerNorm's backward).
-__device__ __forceinline__ float4* acc_piece(float4* acc, int X, int t, int j) { return acc + 2 * j * X + t; }
+__device__ __forceinline__ float4* acc_piece(float4* acc, int X, int t, int j) {
+  return acc + 2 * j * X + t;
+}
 
 // The dgamma/dbeta partial sums live in shared memory, not registers: [2][Y] row-group blocks of
 // X * 8 * kChunks floats (acc_piece's layout), each thread reading and writing only its own
-// columns (no barrier needed), so the
-// registers hold just the row data and the CTA count per SM is not cut by 2 * H accumulators
-// per CTA in the register file. 16-bit rows of up to 16384 run at 512 threads x 4 chunks.
-// Two CTAs of 512 threads per SM (64 registers) where the row data allows: 16-bit rows of up to
-// 2 chunks per thread. After the partials, shared memory holds one staged row per row group:
+// columns (no barrier needed), so the registers hold just the row data and the CTA count per SM
+// is not cut by 2 * H accumulators per CTA in the register file. 16-bit rows of up to 16384 run
+// at 512 threads x 4 chunks. Two CTAs of 512 threads per SM (64 registers) where the row data
+// allows: 16-bit rows of up to 2 chunks per thread. After the partials, shared memory holds one staged row per row group:
 // dz, then x, each [Y][kChunks][kQuads][X] 16-byte pieces (norm_row.cuh). One stage, not two:
 // with two, H = 8192 LayerNorm would need 128 KB per CTA and fit one CTA per SM, not two.
 template <typename T, int kChunks>
