@@ -25,7 +25,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import norm_config
-from te_torch._kernels import _raw_stream, give_tmp, packed, spec
+from te_torch._kernels import _raw_stream, give_tmp, packed, spec, take_tmp
 from te_torch._linear_step import (
     column_sums,
     dgrad_config,
@@ -162,7 +162,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         g, tmp, dln_ptr = grad_copies(c, dy, need_dln, need_dw, dln_bytes, stream)
     else:
         need_db = False  # summed by given_grad
-        tmp = _empty(dln_bytes, dtype=_U8, device=device)
+        tmp = take_tmp(dln_bytes, device, dev, stream)
         dln_ptr = tmp.data_ptr()
     if need_db:
         db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device)
