@@ -113,6 +113,8 @@ def main() -> int:
     ap.add_argument("--b2b", type=int, default=5, help="steps per back-to-back sample")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.b2b < 1:
+        ap.error(f"--b2b: expected a step count >= 1, got {args.b2b}")
     try:
         gpu = jax.devices("gpu")[0]
     except RuntimeError:
@@ -171,8 +173,6 @@ def main() -> int:
                 steps[name] = lambda step=step, step_args=step_args: step(*step_args)
             except Exception as e:  # noqa: BLE001 (report every variant; one failure does not hide the rest)
                 entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        if args.b2b < 1:
-            raise SystemExit(f"jax_dense.py: --b2b must be >= 1, got {args.b2b}")
         per, failed = interleaved(steps, _host_ms, args.rounds, args.iters, args.warmup)
         per_b2b, failed_b2b = interleaved(
             steps, lambda fn: _b2b_ms(fn, args.b2b), args.rounds, args.iters, args.warmup
