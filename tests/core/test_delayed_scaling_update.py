@@ -123,3 +123,56 @@ def test_e5m2_max_and_empty_call():
     update([h], [s], fp8_max=57344.0)
     assert s.tolist() == [57344.0, 28672.0]
     _C.delayed_scaling_update([], [], 448.0)  # no tensors: nothing to do
+
+
+def random_group(rng, count: int):
+    hs, ss = [], []
+    for i in range(count):
+        L = int(rng.integers(1, 12))
+        shape = (L,) if i % 2 else (L, int(rng.integers(1, 6)))
+        h = np.exp2(rng.uniform(-20, 20, shape)).astype(np.float32)
+        h[rng.random(shape) < 0.1] = 0.0
+        hs.append(h)
+        ss.append(rng.uniform(0.1, 10.0, 1 if h.ndim == 1 else shape[1]).astype(np.float32))
+    return hs, ss
+
+
+@pytest.mark.parametrize(
+    "sizes", [(2, 1), (3, 0, 2), (40, 30)]
+)  # one small launch; an empty group; 64 at a time
+def test_groups_in_one_call_against_oracle(sizes):
+    """te_delayed_scaling_update_groups: each group keeps its own fp8_max, margin and algo (a
+    step's forward E4M3 and backward E5M2 histories in one launch), three steps through one
+    DelayedScalingUpdate, against the oracle per group."""
+    rng = rng_for("dsu groups", sizes)
+    params = [(448.0, 0.0, "max"), (57344.0, 1.0, "most_recent"), (448.0, 2.0, "most_recent")]
+    groups = [random_group(rng, n) for n in sizes]
+    want = [([h.copy() for h in hs], [s.copy() for s in ss]) for hs, ss in groups]
+    upd = _C.DelayedScalingUpdate(
+        [
+            (
+                [tensor(h) for h in hs],
+                [tensor(s) for s in ss],
+                fp8_max,
+                margin,
+                MAX if algo == "max" else MOST_RECENT,
+            )
+            for (hs, ss), (fp8_max, margin, algo) in zip(groups, params, strict=False)
+        ]
+    )
+    for step in range(3):
+        for (hs, ss), (fp8_max, margin, algo) in zip(want, params, strict=False):
+            for i, (h, s) in enumerate(zip(hs, ss, strict=True)):
+                hs[i], ss[i] = O.delayed_scaling_update(h, s, fp8_max, margin, algo)
+        upd()
+        for g, ((hs, ss), (whs, wss)) in enumerate(zip(groups, want, strict=True)):
+            for i in range(len(hs)):
+                assert_float_equal(ss[i], wss[i], f"step {step + 1} groups[{g}].scales[{i}]")
+                assert_float_equal(hs[i], whs[i], f"step {step + 1} groups[{g}].amax_histories[{i}]")
+        for hs, _ in groups:  # the next step's amaxes
+            for h in hs:
+                h.reshape(h.shape[0], -1)[0] = rng.uniform(0.5, 4.0)
+        for (hs, _), (whs, _) in zip(groups, want, strict=True):
+            for h, wh in zip(hs, whs, strict=True):
+                wh[...] = h
+    _C.DelayedScalingUpdate([])()  # no groups: nothing to do

@@ -63,7 +63,7 @@ def raises(exc, pattern, fn, *args, **kw):
     if str(info.value).startswith("te_"):
         assert str(info.value) == _C.last_error()
     else:
-        assert re.match(r"(scales|shape): expected", str(info.value)), str(info.value)
+        assert re.match(r"(scales|shape|groups\[\d+\]): expected", str(info.value)), str(info.value)
     return info.value
 
 
@@ -629,6 +629,69 @@ def test_delayed_update_errors():
         448.0,
     )
     assert (h == 0).all() and (s == 1).all()
+
+
+def test_delayed_update_groups_errors():
+    """te_delayed_scaling_update_groups names the group of a bad argument."""
+    h, s = np.zeros((4, 3), np.float32), np.ones(3, np.float32)
+    good = ([tensor(h)], [tensor(s)], 448.0, 0.0, 0)
+
+    def upd(*bad):
+        _C.DelayedScalingUpdate([good, bad])()
+
+    raises(
+        ValueError,
+        re.escape("groups[1].scales[0].shape: expected 3 elements, got [2]"),
+        upd,
+        [tensor(h)],
+        [tensor(np.ones(2, np.float32))],
+        57344.0,
+        0.0,
+        0,
+    )
+    raises(
+        ValueError,
+        re.escape("groups[1]: expected one scale per amax history (1), got 2"),
+        upd,
+        [tensor(h)],
+        [tensor(s), tensor(s)],
+        57344.0,
+        0.0,
+        0,
+    )
+    raises(
+        ValueError,
+        re.escape("groups[1].fp8_max: expected a positive finite value (448 for E4M3, 57344 for E5M2), got"),
+        upd,
+        [tensor(h)],
+        [tensor(s)],
+        -1.0,
+        0.0,
+        0,
+    )
+    raises(
+        ValueError,
+        re.escape(
+            "groups[1].amax_compute_algo: expected TE_AMAX_COMPUTE_MAX (0) or TE_AMAX_COMPUTE_MOST_RECENT (1), got 7"
+        ),
+        upd,
+        [tensor(h)],
+        [tensor(s)],
+        57344.0,
+        0.0,
+        7,
+    )
+    raises(
+        ValueError,
+        re.escape("groups[1].amax_histories[0].dtype: expected float32, got float16"),
+        upd,
+        [tensor(np.zeros(3, np.float16))],
+        [tensor(f32())],
+        57344.0,
+        0.0,
+        0,
+    )
+    assert (h == 0).all() and (s == 1).all(), "a failing call updates nothing"
 
 
 # ---- te_quantized_shape -----------------------------------------------------------------------

@@ -441,3 +441,44 @@ def test_delayed_scaling_update_many_tensors(algo, margin, count):
     for i in range(len(hs)):
         same_floats(gh[i], ch[i], f"history {i}")
         same_floats(gs[i], cs[i], f"scale {i}")
+
+
+@pytest.mark.parametrize("sizes", [(3, 1), (150, 150)])  # one small launch; 64 entries at a time
+def test_delayed_scaling_update_groups(sizes):
+    """Two groups in one call, each with its own fp8_max, margin and algo (a step's forward E4M3
+    and backward E5M2 histories), through one DelayedScalingUpdate for three steps: GPU against
+    CPU, bit for bit."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(zlib.crc32(repr(("dsu groups", sizes)).encode()))
+    params = [(448.0, 0.0, int(_C.AmaxComputeAlgo.MAX)), (57344.0, 1.0, int(_C.AmaxComputeAlgo.MOST_RECENT))]
+    groups = []
+    for n in sizes:
+        hs = [
+            torch.exp2(
+                torch.empty(int(torch.randint(1, 40, (1,), generator=g)), 3).uniform_(-30, 30, generator=g)
+            )
+            for _ in range(n)
+        ]
+        ss = [torch.rand(3, generator=g) * 10 + 0.1 for _ in range(n)]
+        groups.append((hs, ss))
+
+    def run(device):
+        mine = [([t.to(device).clone() for t in hs], [t.to(device).clone() for t in ss]) for hs, ss in groups]
+        upd = _C.DelayedScalingUpdate(
+            [
+                ([desc(t, int(D.FLOAT32)) for t in hs], [desc(t, int(D.FLOAT32)) for t in ss], *p)
+                for (hs, ss), p in zip(mine, params, strict=True)
+            ]
+        )
+        for step in range(3):
+            upd(stream_of(mine[0][0][0]))
+            for hs, _ in mine:
+                for t in hs:
+                    t[0] = 1.5 + step  # the next step's amaxes
+        return mine
+
+    cpu, gpu = both(run)
+    for k, ((chs, css), (ghs, gss)) in enumerate(zip(cpu, gpu, strict=True)):
+        for i in range(len(chs)):
+            same_floats(ghs[i], chs[i], f"groups[{k}] history {i}")
+            same_floats(gss[i], css[i], f"groups[{k}] scale {i}")

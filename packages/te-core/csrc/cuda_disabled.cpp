@@ -19,7 +19,7 @@ void quantize_per_tensor(const PerTensorQuantizeArgs&, void*) { no_cuda(); }
 void quantize_block(const BlockQuantizeArgs&, void*) { no_cuda(); }
 void dequantize(const DequantizeArgs&, void*) { no_cuda(); }
 void transpose(const void*, void*, int64_t, int64_t, int32_t, void*) { no_cuda(); }
-void delayed_scaling_update(const DelayedScalingEntry*, int64_t, float, int32_t, void*) {
+void delayed_scaling_update(const DelayedScalingEntry*, int64_t, void*) {
   no_cuda();
 }
 void gemm(const GemmArgs&, void*) { no_cuda(); }

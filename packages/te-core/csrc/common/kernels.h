@@ -76,6 +76,8 @@ struct DelayedScalingEntry {
   float* scale;             // [num]
   int64_t history_len;
   int64_t num;
+  float scaled_max;         // fp8_max * 2^-margin of this entry's format
+  int32_t amax_compute_algo;
 };
 
 // One GEMM operand as the kernel reads it: the API has already picked the copy (row-wise or
@@ -209,8 +211,7 @@ struct DbiasQuantizeArgs {
   void dequantize(const DequantizeArgs& args, void* stream);                                    \
   void transpose(const void* input, void* output, int64_t rows, int64_t cols,                   \
                  int32_t elem_bytes, void* stream);                                             \
-  void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count,              \
-                              float scaled_max, int32_t amax_compute_algo, void* stream); \
+  void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, void* stream); \
   void gemm(const GemmArgs& args, void* stream);                                                \
   void norm_fwd(const NormFwdArgs& args, void* stream);                                         \
   void norm_bwd(const NormBwdArgs& args, void* stream);                                         \

@@ -2,6 +2,7 @@
 // step j, element (j, n) at j * N + n):
 //   amax[n]  = max over history[:, n] (NaN propagates) for algo 0, history[0, n] for algo 1;
 //   scale[n] = delayed_scale_from_amax(amax[n], scaled_max, scale[n]);
+// (algo and scaled_max are the entry's own: one call may update E4M3 and E5M2 histories.)
 //   then the rows roll by one, new[j] = old[j + 1], new[L - 1] = old[0], and new[0] = 0.
 // Rows are walked in memory order and the roll moves whole rows.
 #include <algorithm>
@@ -15,15 +16,15 @@
 namespace te {
 namespace cpu {
 
-void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, float scaled_max,
-                            int32_t amax_compute_algo, void* /*stream*/) {
+void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, void* /*stream*/) {
   for (int64_t i = 0; i < count; ++i) {
     float* history = entries[i].amax_history;
     const int64_t len = entries[i].history_len, num = entries[i].num;
+    const float scaled_max = entries[i].scaled_max;
 
     std::vector<float> first(history, history + num);
     std::vector<float> window_amax = first;
-    if (amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
+    if (entries[i].amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
       for (int64_t j = 1; j < len; ++j)
         for (int64_t n = 0; n < num; ++n)
           window_amax[n] = nan_max(window_amax[n], history[j * num + n]);

@@ -1,11 +1,12 @@
 // Delayed-scaling update (te/recipe.h, NUMERICS.md) for a batch of histories, one launch per 64
 // entries (one launch in practice: the entries travel by value in the kernel's parameter block).
 // A batch of at most 4 entries (a model of a few layers, or one updated alone) launches with a
-// parameter block of 4 (~0.2 KB instead of ~2.6 KB): the driver copies the whole block into the
-// launch, and a small model's step makes two such launches.
+// parameter block of 4 (~0.2 KB instead of ~3.1 KB): the driver copies the whole block into the
+// launch, and a small model's step makes one such launch (its forward and backward histories
+// together: each entry carries its own scaled_max and algo, te_delayed_scaling_update_groups).
 // Per column n of an entry's history [L, N] (element (j, n) at j * N + n):
 //   amax     = max over the column (NaN propagates; nan_max) or history[0] (most_recent);
-//   scale[n] = delayed_scale_from_amax(amax, scaled_max, scale[n]);
+//   scale[n] = delayed_scale_from_amax(amax, entry's scaled_max, scale[n]);
 //   roll:    new[j] = old[j + 1], new[L - 1] = old[0], then new[0] = 0.
 //
 // A CTA owns up to 32 columns of one entry (fewer when N is small, so a 1-D history of 1024 steps
@@ -36,8 +37,6 @@ struct UpdateParams {
   DelayedScalingEntry entries[kCap];
   int64_t block_start[kCap + 1];  // first CTA of each entry; [count] = total
   int32_t count;
-  int32_t algo;
-  float scaled_max;
 };
 
 // Columns per CTA for an entry of N columns: the smallest power of two >= N, at most 32.
@@ -85,10 +84,10 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
   __syncthreads();
   if (valid && r == 0) {
     float amax = first;
-    if (p.algo == TE_AMAX_COMPUTE_MAX) {
+    if (entry.amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
       for (int k = 0; k < rows_per_step; ++k) amax = nan_max(amax, partial[k * cw + c]);
     }
-    entry.scale[n] = delayed_scale_from_amax(amax, p.scaled_max, entry.scale[n]);
+    entry.scale[n] = delayed_scale_from_amax(amax, entry.scaled_max, entry.scale[n]);
     if (len > 1) h[(len - 1) * num + n] = first;
     h[n] = 0.0f;
   }
@@ -96,12 +95,9 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
 
 // One launch for entries[0, count), count <= kCap.
 template <int kCap>
-void launch(const DelayedScalingEntry* entries, int32_t count, float scaled_max, int32_t algo,
-            void* stream) {
+void launch(const DelayedScalingEntry* entries, int32_t count, void* stream) {
   UpdateParams<kCap> p{};
   p.count = count;
-  p.algo = algo;
-  p.scaled_max = scaled_max;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
     p.entries[i] = entries[i];
@@ -118,15 +114,14 @@ void launch(const DelayedScalingEntry* entries, int32_t count, float scaled_max,
 
 }  // namespace
 
-void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, float scaled_max,
-                            int32_t amax_compute_algo, void* stream) {
+void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, void* stream) {
   if (count <= kFewEntries) {
-    launch<kFewEntries>(entries, static_cast<int32_t>(count), scaled_max, amax_compute_algo, stream);
+    launch<kFewEntries>(entries, static_cast<int32_t>(count), stream);
     return;
   }
   for (int64_t base = 0; base < count; base += kMaxEntries) {
     const int64_t n = count - base < kMaxEntries ? count - base : kMaxEntries;
-    launch<kMaxEntries>(entries + base, static_cast<int32_t>(n), scaled_max, amax_compute_algo, stream);
+    launch<kMaxEntries>(entries + base, static_cast<int32_t>(n), stream);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "python/bindings.h"
@@ -182,6 +183,19 @@ te_quantized_tensor quantized(int32_t mode, py::handle rd, py::handle rs, py::ha
 void require_none(py::handle h, const char* arg, const char* why) {
   if (!h.is_none()) throw py::value_error(std::string(arg) + ": expected None " + why);
 }
+
+// te_delayed_scaling_update_groups' arguments converted once: te_torch keeps one per unchanged
+// set of delayed-scaling states and calls it every step, so the step pays no list conversions.
+// The descriptors point at buffers the caller keeps alive; `groups` points into the vectors, so
+// the object moves but never copies.
+struct DelayedScalingUpdate {
+  std::vector<std::vector<te_tensor>> histories, scales;
+  std::vector<te_delayed_scaling_group> groups;
+  DelayedScalingUpdate() = default;
+  DelayedScalingUpdate(DelayedScalingUpdate&&) = default;
+  DelayedScalingUpdate(const DelayedScalingUpdate&) = delete;
+  DelayedScalingUpdate& operator=(const DelayedScalingUpdate&) = delete;
+};
 
 }  // namespace
 
@@ -428,6 +442,39 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("amax_histories"), py::arg("scales"), py::arg("fp8_max"), py::arg("margin") = 0.0f,
       py::arg("amax_compute_algo") = 0, py::arg("stream") = 0);
+  using GroupArgs = std::tuple<std::vector<te_tensor>, std::vector<te_tensor>, float, float, int32_t>;
+  py::class_<DelayedScalingUpdate>(
+      m, "DelayedScalingUpdate",
+      "te_delayed_scaling_update_groups of fixed groups: DelayedScalingUpdate([(amax_histories, "
+      "scales, fp8_max, margin, amax_compute_algo), ...]), then update(stream) per step")
+      .def(py::init([](std::vector<GroupArgs> groups) {
+             DelayedScalingUpdate u;
+             u.histories.reserve(groups.size());
+             u.scales.reserve(groups.size());
+             for (size_t g = 0; g < groups.size(); ++g) {
+               auto& [h, s, fp8_max, margin, algo] = groups[g];
+               if (h.size() != s.size()) {
+                 throw py::value_error("groups[" + std::to_string(g) +
+                                       "]: expected one scale per amax history (" +
+                                       std::to_string(h.size()) + "), got " + std::to_string(s.size()));
+               }
+               u.histories.push_back(std::move(h));
+               u.scales.push_back(std::move(s));
+               u.groups.push_back({u.histories.back().data(), u.scales.back().data(),
+                                   static_cast<int64_t>(u.histories.back().size()), fp8_max, margin,
+                                   algo});
+             }
+             return u;
+           }),
+           py::arg("groups"))
+      .def(
+          "__call__",
+          [](const DelayedScalingUpdate& u, uintptr_t stream) {
+            check(te_delayed_scaling_update_groups(u.groups.data(),
+                                                   static_cast<int64_t>(u.groups.size()),
+                                                   as_stream(stream)));
+          },
+          py::arg("stream") = 0);
   m.def(
       "quantized_shape",
       [](int32_t scaling_mode, int32_t part, const std::vector<int64_t>& shape) {

@@ -28,6 +28,23 @@ TE_API te_status te_delayed_scaling_update(te_tensor* amax_histories, te_tensor*
                                            int64_t count, float fp8_max, float margin,
                                            int32_t amax_compute_algo, void* stream);
 
+/* One group of te_delayed_scaling_update_groups: the arguments of one te_delayed_scaling_update
+ * call. */
+typedef struct te_delayed_scaling_group {
+  te_tensor* amax_histories; /* [count] */
+  te_tensor* scales;         /* [count] */
+  int64_t count;
+  float fp8_max;
+  float margin;
+  int32_t amax_compute_algo;
+} te_delayed_scaling_group;
+
+/* te_delayed_scaling_update of every group, in one CUDA launch where the groups hold at most 4
+ * histories together (a step's forward E4M3 and backward E5M2 histories of a small model), else
+ * one per 64. Every tensor of every group shares one device. */
+TE_API te_status te_delayed_scaling_update_groups(const te_delayed_scaling_group* groups,
+                                                  int64_t num_groups, void* stream);
+
 #ifdef __cplusplus
 }
 #endif
