@@ -138,3 +138,45 @@ def test_a_graphed_fp8_model_evaluates_in_bf16_inside_a_disabled_region():
         with te.autocast(recipe=RECIPES["current"]):
             assert torch.equal(fp8, twin(x))
     assert not torch.equal(hp, fp8)
+
+
+def test_manual_capture_after_eager_steps_replays_the_eager_step():
+    """torch.cuda.graph by hand, the way torch documents it, after eager steps on the default
+    stream (whose backward updates are deferred to the next region's exit): side-stream warmup,
+    then capture. Each replay must run exactly one forward and one backward update, like the
+    eager twin's step: outputs and scaling state bit for bit, step after step."""
+    r = RECIPES["delayed"]
+    torch.manual_seed(3)
+    m = te.Linear(256, 384, params_dtype=BF16, device=CUDA)
+    twin = copy.deepcopy(m)
+
+    def data():
+        return torch.randn(64, 256, device=CUDA, dtype=BF16), torch.randn(64, 384, device=CUDA, dtype=BF16)
+
+    for _ in range(2):  # eager steps on the default stream
+        x, dy = data()
+        _step(m, x, dy, r)
+        _step(twin, x, dy, r)
+    static_x = torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True)
+    static_dy = torch.randn(64, 384, device=CUDA, dtype=BF16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warmup, as torch.cuda.graph requires
+            _step(m, static_x.detach(), static_dy, r)
+            _step(twin, static_x.detach(), static_dy, r)
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(a, b) for a, b in zip(delayed_states(m), delayed_states(twin), strict=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with te.autocast(recipe=r):
+            static_y = m(static_x)
+        static_y.backward(static_dy)
+    for _ in range(3):
+        x, dy = data()
+        static_x.data.copy_(x)
+        static_dy.copy_(dy)
+        graph.replay()
+        want = _step(twin, x, dy, r)
+        assert torch.equal(static_y, want[0])
+        assert all(torch.equal(a, b) for a, b in zip(delayed_states(m), delayed_states(twin), strict=True))

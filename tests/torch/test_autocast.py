@@ -9,7 +9,7 @@ import te_torch as te
 import torch
 from _module_ref import columns, hand_update, with_amax
 from te_core import _C
-from te_torch import recipe
+from te_torch import _recipe_state, recipe
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 f32 = torch.float32
@@ -65,21 +65,139 @@ def test_current_and_block_scaling_adapt_within_the_step():
         assert m._fwd_state is None  # stateless recipes keep no delayed-scaling state
 
 
-def test_one_batched_update_per_direction(monkeypatch):
+def spy_updates(monkeypatch) -> list:
+    """Records each delayed-scaling update call as the sizes of its groups."""
     calls = []
-    real = _C.delayed_scaling_update
+    real = _C.DelayedScalingUpdate
 
-    def spy(hists, scales, *args, **kw):
-        calls.append(len(hists))
-        return real(hists, scales, *args, **kw)
+    class Spy:
+        def __init__(self, groups):
+            self.sizes, self.real = tuple(len(g[0]) for g in groups), real(groups)
 
-    monkeypatch.setattr(_C, "delayed_scaling_update", spy)
+        def __call__(self, stream=0):
+            calls.append(self.sizes)
+            self.real(stream)
+
+    monkeypatch.setattr(_C, "DelayedScalingUpdate", Spy)
+    monkeypatch.setattr(_recipe_state, "_PLANS", {})
+    return calls
+
+
+def test_one_update_call_per_step(monkeypatch):
+    """Step 1: the forward states at the region's exit; the backward pass only defers its
+    states; step 2's exit updates them together with its forward states, in one call."""
+    calls = spy_updates(monkeypatch)
     model = torch.nn.Sequential(*(te.Linear(32, 32, device="cpu") for _ in range(3)))
+    for step in range(3):
+        with te.autocast(recipe=recipe.DelayedScaling()):
+            y = model(torch.randn(4, 32, requires_grad=True))
+        assert calls == [(3,)] + [(3, 3)] * step  # three modules' forward states, one call
+        y.sum().backward()
+        assert len(calls) == step + 1, "the backward pass launches nothing"
+    assert model[0]._bwd_state is not None  # reading a deferred state updates it first
+    assert calls == [(3,), (3, 3), (3, 3), (3,)]
+    assert model[1]._bwd_state is not None
+    assert len(calls) == 4, "one call updated every deferred state"
+
+
+def run_steps(r, steps: int, read_each: bool) -> te.Linear:
+    m = te.Linear(64, 32, device="cpu")
+    with torch.no_grad():
+        m.weight.copy_(with_amax((32, 64), 0.5, 100))
+    for step in range(steps):
+        with te.autocast(recipe=r):
+            y = m(with_amax((4, 64), 1.0 + step, step).requires_grad_(True))
+        y.backward(with_amax((4, 32), 2.0 ** (step - 3), 50 + step))
+        if read_each:
+            assert m._bwd_state is not None  # the read runs the deferred update
+    return m
+
+
+def test_deferred_backward_update_reads_the_same_state():
+    """Three steps read after every backward pass (each update at once) and read only at the
+    end (updates deferred to the next exit): the same histories and scales, bit for bit."""
+    r = recipe.DelayedScaling(amax_history_len=4)
+    eager, deferred = run_steps(r, 3, True), run_steps(r, 3, False)
+    for st in ("_fwd_state", "_bwd_state"):
+        a, b = getattr(eager, st), getattr(deferred, st)
+        assert torch.equal(a.amax_history, b.amax_history), st
+        assert torch.equal(a.scale, b.scale), st
+    want = eager.state_dict()["_extra_state"]
+    got = run_steps(r, 3, False).state_dict()["_extra_state"]  # state_dict reads it too
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_interleaved_backward_passes_update_between_them():
+    """Two forwards, then their two backward passes: the second pass quantizes with the scale
+    the first pass's update produced (its state was deferred, so it is updated first), and the
+    history holds both passes' amaxes in order."""
+    r = recipe.DelayedScaling(amax_history_len=3)
+    m = te.Linear(64, 32, device="cpu")
+    ys = []
+    for step in range(2):
+        with te.autocast(recipe=r):
+            ys.append(m(with_amax((4, 64), 1.0, step).requires_grad_(True)))
+    ys[0].backward(with_amax((4, 32), 4.0, 50))
+    ys[1].backward(with_amax((4, 32), 2.0, 51))
+    assert columns(m._bwd_state.amax_history)[0] == [0.0, 4.0, 2.0]
+    assert m._bwd_state.scale[0].item() == 57344.0 / 4.0
+
+
+def test_states_of_two_devices_update_in_a_call_each(monkeypatch):
+    """One update call reaches one device: states registered under keys of two devices (a CPU
+    module and a CUDA one in one process) are updated by one call per device."""
+    calls = []
+
+    class Spy:
+        def __init__(self, groups):
+            self.sizes = tuple(len(g[0]) for g in groups)
+
+        def __call__(self, stream=0):
+            calls.append(self.sizes)
+
+    monkeypatch.setattr(_C, "DelayedScalingUpdate", Spy)
+    monkeypatch.setattr(_recipe_state, "_PLANS", {})
+    r = recipe.DelayedScaling()
+    cpu, other = torch.device("cpu"), torch.device("meta")  # the key's device is what counts
+    states = [_recipe_state.DelayedState(4, 3, cpu) for _ in range(3)]
+    groups = [
+        (_recipe_state.recipe_key(r, False, None, cpu), r, tuple(states[:2])),
+        (_recipe_state.recipe_key(r, True, None, other), r, (states[2],)),
+        (_recipe_state.recipe_key(r, False, None, other), r, (states[2],)),
+    ]
+    _recipe_state.run_updates(groups)
+    assert calls == [(2,), (1, 1)]
+
+
+def test_pending_update_refused_during_capture(monkeypatch):
+    """A deferred update reached during CUDA-graph capture would be replayed with the graph:
+    RuntimeError saying what to do, and the update stays pending."""
+    r = recipe.DelayedScaling()
+    st = _recipe_state.DelayedState(4, 2, torch.device("cpu"))
+    key = _recipe_state.recipe_key(r, True, None, torch.device("cuda", 0))
+    monkeypatch.setattr(te._autocast.STATE, "deferred", [(key, r, (st,))])
+    monkeypatch.setattr(te._autocast, "_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="run a warmup step on the capture's side stream first"):
+        te._autocast.flush_deferred()
+    assert te._autocast.STATE.deferred
+
+
+@pytest.mark.parametrize("why", ["collective", "side stream"])
+def test_backward_update_at_pass_end_where_it_must(monkeypatch, why):
+    """Amaxes all-reduced across ranks, or a pass ending on a CUDA side stream (graph capture,
+    its warmup): the backward states are updated when the pass ends, not deferred."""
+    calls = spy_updates(monkeypatch)
+    if why == "collective":
+        monkeypatch.setattr(te._autocast, "needs_collective", lambda groups: True)
+    else:
+        monkeypatch.setattr(te._autocast, "_on_default_streams", lambda groups: False)
+    m = te.Linear(32, 32, device="cpu")
     with te.autocast(recipe=recipe.DelayedScaling()):
-        y = model(torch.randn(4, 32, requires_grad=True))
-    assert calls == [3]  # three modules' forward state, one call
+        y = m(torch.randn(4, 32, requires_grad=True))
     y.sum().backward()
-    assert calls == [3, 3]  # backward state once, after the whole backward pass
+    assert calls == [(1,), (1,)]
+    assert not te._autocast.STATE.deferred
 
 
 def test_module_used_twice_max_accumulates_amax():

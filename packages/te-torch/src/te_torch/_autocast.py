@@ -5,8 +5,19 @@ wide ``STATE`` that modules read once per call (``STATE.fp8``, ``STATE.recipe``.
 restores the enclosing region's values. Regions nest: an inner region overrides ``enabled``,
 ``calibrating``, ``recipe`` and the group for what runs inside it. When the outermost region
 exits, the forward delayed-scaling state of every module quantized anywhere inside is updated in
-one batched call (te_torch._recipe_state); backward state is updated once after each backward
-pass. One instance cannot be entered again while it is active (RuntimeError), as in TE.
+one batched call (te_torch._recipe_state). One instance cannot be entered again while it is
+active (RuntimeError), as in TE.
+
+Backward state is updated once per backward pass, as in TE, but launched later: when the pass
+ends its states are only marked deferred, and their update runs in the same call (one launch) as
+the next outermost region's forward update, or earlier, before anything reads them: a backward
+pass quantizing with one of them again (interleaved microbatches), ``state_dict()``, moving or
+resizing the state, ``te.make_graphed_callables``. So every reader sees the updated state, and a
+training step makes one update call instead of two (each a C call and a launch, a sizeable part
+of a small layer's host time: benchmarks/NOTES.md). An update that all-reduces amaxes across
+ranks, or of a pass that ends on a CUDA side stream (graph capture and its warmup steps), runs at
+the pass's end, as before: every rank must reach the collective at the same point, and a captured
+update must be inside the graph.
 """
 
 from __future__ import annotations
@@ -17,7 +28,8 @@ import torch
 from te_core.recipe import Recipe
 
 from te_torch._availability import get_default_recipe
-from te_torch._recipe_state import UpdateRegistry
+from te_torch._kernels import _raw_stream
+from te_torch._recipe_state import UpdateRegistry, needs_collective, run_updates
 
 __all__ = ["autocast", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe"]
 
@@ -35,6 +47,7 @@ class _State:
         "fwd_registry",
         "bwd_registry",
         "bwd_queued",
+        "deferred",
     )
 
     def __init__(self) -> None:
@@ -46,6 +59,7 @@ class _State:
         self.fwd_registry = UpdateRegistry()
         self.bwd_registry = UpdateRegistry()
         self.bwd_queued = False
+        self.deferred: list = []  # run_updates groups of finished backward passes
 
 
 STATE = _State()
@@ -119,7 +133,10 @@ class autocast:  # noqa: N801 (TE's name)
         self._saved = None
         s.depth -= 1
         if s.depth == 0 and exc[0] is None:
-            s.fwd_registry.flush()
+            groups = s.fwd_registry.take()
+            if s.deferred and _on_default_streams(s.deferred):
+                groups += _take_deferred()
+            run_updates(groups)
         elif s.depth == 0:  # an exception escaped: drop this step's amaxes from the update list
             s.fwd_registry.pending.clear()
             s.fwd_registry.recipes.clear()
@@ -157,14 +174,67 @@ def register_forward(key: tuple, recipe, state) -> None:
 
 
 def register_backward(key: tuple, recipe, state) -> None:
-    """Queues ``state`` for the update that runs once the current backward pass finishes."""
+    """Queues ``state`` for the update that follows the current backward pass (see the module
+    docstring). A state still deferred from an earlier pass is updated first."""
     s = STATE
+    if state.deferred:
+        flush_deferred()
     s.bwd_registry.add(key, recipe, state)
     if not s.bwd_queued:
         s.bwd_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(_flush_backward)
+        torch.autograd.Variable._execution_engine.queue_callback(_end_backward)
 
 
-def _flush_backward() -> None:
-    STATE.bwd_queued = False
-    STATE.bwd_registry.flush()
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _on_default_streams(groups: list) -> bool:
+    """Whether every CUDA device of ``groups`` (their key's last entry) is running on its default
+    stream, where eager training runs. Graph capture never does (it needs a side stream), nor do
+    the warmup steps torch.cuda.make_graphed_callables and its users run before a capture: their
+    updates run at once, so none is pending, or flushed inside a capture, when capture starts."""
+    for key, _, _ in groups:
+        dev = key[6]
+        if dev.type != "cuda":
+            continue
+        if _raw_stream(torch.cuda.current_device() if dev.index is None else dev.index):
+            return False
+    return True
+
+
+def _end_backward() -> None:
+    """The backward pass is over: its states' update is deferred, or run now where it must be."""
+    s = STATE
+    s.bwd_queued = False
+    groups = s.bwd_registry.take()
+    if needs_collective(groups) or not _on_default_streams(groups):
+        run_updates(groups)
+        return
+    for _, _, states in groups:
+        for st in states:
+            st.deferred = True
+    s.deferred += groups
+
+
+def _take_deferred() -> list:
+    groups, STATE.deferred = STATE.deferred, []
+    for _, _, states in groups:
+        for st in states:
+            st.deferred = False
+    return groups
+
+
+def flush_deferred() -> None:
+    """Runs the deferred backward updates now (on the current stream): before their states are
+    read or changed. Refused during graph capture, where the update would be replayed with the
+    graph rather than run once."""
+    groups = STATE.deferred
+    if not groups:
+        return
+    if any(key[6].type == "cuda" for key, _, _ in groups) and _stream_capturing():
+        raise RuntimeError(
+            "te: a CUDA graph capture reached te's delayed-scaling state while the update of an "
+            "earlier backward pass was still pending: run a warmup step on the capture's side "
+            "stream first (as torch.cuda.graph requires), or use te.make_graphed_callables"
+        )
+    run_updates(_take_deferred())

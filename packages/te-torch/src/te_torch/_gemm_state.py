@@ -226,8 +226,8 @@ class FP8Context:
             g = Float8Quantizer(bwd.scale_of(0), bwd.amax(0), bdt)
             o = Float8Quantizer(fwd.scale_of(2), fwd.amax(2), fdt)
             gi = Float8Quantizer(bwd.scale_of(1), bwd.amax(1), bdt)
-            self.fwd_key = recipe_key(recipe, False, group)
-            self.bwd_key = recipe_key(recipe, True, group)
+            self.fwd_key = recipe_key(recipe, False, group, device)
+            self.bwd_key = recipe_key(recipe, True, group, device)
             self.split = (False, True, True)
         elif recipe.float8_current_scaling():
             fdt, bdt = _dtypes(recipe.fp8_format)
@@ -332,22 +332,28 @@ class FP8Context:
 class GemmState:
     """The recipe state of one quantized GEMM of a module (see the module docstring)."""
 
-    __slots__ = ("ctx", "fwd", "bwd", "owner", "features")
+    __slots__ = ("ctx", "fwd", "_bwd", "owner", "features")
 
     def __init__(self, owner: str, features: tuple = ()) -> None:
         """``features``: the GEMM's fixed (name, size) dimensions, checked by check_fp8_features
         when a per-tensor or block FP8 recipe first runs it."""
         self.ctx: FP8Context | None = None
         self.fwd: DelayedState | None = None
-        self.bwd: DelayedState | None = None
+        self._bwd: DelayedState | None = None
         self.owner = owner
         self.features = features
+
+    @property
+    def bwd(self) -> DelayedState | None:
+        """The backward state, its deferred update run first (te_torch._autocast)."""
+        _autocast.flush_deferred()
+        return self._bwd
 
     def __deepcopy__(self, memo) -> GemmState:
         """A copy with its own delayed-scaling buffers; the FP8Context (quantizers viewing the
         original's buffers, the weight cache) is rebuilt on the copy's next quantized call."""
         new = GemmState(self.owner, self.features)
-        new.fwd, new.bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
+        new.fwd, new._bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
         return new
 
     def ctx_for(self, recipe, group, device: torch.device) -> FP8Context:
@@ -383,12 +389,12 @@ class GemmState:
     def delayed_states(self, history_len: int, device) -> tuple[DelayedState, DelayedState]:
         if self.fwd is None:
             self.fwd = DelayedState(history_len, FWD_ROLES, device)
-            self.bwd = DelayedState(history_len, BWD_ROLES, device)
+            self._bwd = DelayedState(history_len, BWD_ROLES, device)
         elif self.fwd.amax_history.shape[0] != history_len:
             self.fwd.resize(history_len)
             self.bwd.resize(history_len)
             self.ctx = None  # its quantizers view the old buffers
-        return self.fwd, self.bwd
+        return self.fwd, self._bwd
 
     def adjust_amax_history_length(self, length: int, fwd: bool | None = None) -> None:
         for st, is_fwd in ((self.fwd, True), (self.bwd, False)):
@@ -405,13 +411,13 @@ class GemmState:
             for i, t in ((0, inp), (1, weight)):
                 a = fwd.amax(i)
                 torch.maximum(a, t.detach().abs().amax().float().reshape(1), out=a)
-        _autocast.register_forward(recipe_key(recipe, False, group), recipe, fwd)
+        _autocast.register_forward(recipe_key(recipe, False, group, weight.device), recipe, fwd)
 
     def to(self, device: torch.device) -> None:
         """Moves the delayed-scaling buffers (after the module's parameters moved)."""
         for st in (self.fwd, self.bwd):
-            if st is not None and st.scale.device != device:
-                st.amax_history, st.scale, st._descs = st.amax_history.to(device), st.scale.to(device), None
+            if st is not None:
+                st.move_to(device)
         self.ctx = None
 
     def extra_state(self) -> dict[str, torch.Tensor]:
@@ -429,14 +435,15 @@ class GemmState:
     def load(self, state: dict, device: torch.device, what: str) -> None:
         """Restores ``extra_state()``'s dict (empty: no delayed-scaling state)."""
         self.ctx = None
+        _autocast.flush_deferred()  # the replaced state's own update first, as if it had run
         if not state:
-            self.fwd = self.bwd = None
+            self.fwd = self._bwd = None
             return
         missing = [k for k in EXTRA_KEYS if k not in state]
         if missing:
             raise ValueError(f"{self.owner}: {what}: missing {missing}; expected the keys {list(EXTRA_KEYS)}")
         self.fwd = DelayedState(state["fwd_amax_history"].shape[0], FWD_ROLES, device)
-        self.bwd = DelayedState(state["bwd_amax_history"].shape[0], BWD_ROLES, device)
-        for st, pre in ((self.fwd, "fwd"), (self.bwd, "bwd")):
+        self._bwd = DelayedState(state["bwd_amax_history"].shape[0], BWD_ROLES, device)
+        for st, pre in ((self.fwd, "fwd"), (self._bwd, "bwd")):
             st.amax_history.copy_(state[f"{pre}_amax_history"])
             st.scale.copy_(state[f"{pre}_scale"])

@@ -8,12 +8,12 @@ A module that runs a GEMM under ``recipe.DelayedScaling`` owns two ``DelayedStat
 
 Row 0 of a history is this step's staging slot: te's delayed quantizers (Float8Quantizer) read
 ``scale[i]`` and max-accumulate their amax into ``amax_history[0, i]`` (a [1] view), so a module
-used twice in one step records the larger amax. At the update, one ``_C.delayed_scaling_update``
-call (one launch on CUDA) turns every registered history into new scales and rolls it:
-forward states when the outermost ``autocast`` exits, backward states once the autograd engine
-finishes the backward pass (a queued callback). Before it, when the recipe says ``reduce_amax``
-and torch.distributed is initialized, the staging rows are all-reduced (max) over the amax
-reduction group in one collective.
+used twice in one step records the larger amax. ``run_updates`` turns registered histories into
+new scales and rolls them, in one ``_C.DelayedScalingUpdate`` call (one launch on CUDA) built once
+per unchanged set of states: te_torch._autocast decides when (forward states when the outermost
+``autocast`` exits, backward states with them or before anything reads them). Before it, when the
+recipe says ``reduce_amax`` and torch.distributed is initialized, the staging rows are
+all-reduced (max) over the amax reduction group in one collective.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from te_core import _C
 
 from te_torch import _kernels
+from te_torch._kernels import _raw_stream
 
 _ALGO = {"max": int(_C.AmaxComputeAlgo.MAX), "most_recent": int(_C.AmaxComputeAlgo.MOST_RECENT)}
 _FLT_MAX = torch.finfo(torch.float32).max
@@ -30,18 +31,20 @@ _FLT_MAX = torch.finfo(torch.float32).max
 class DelayedState:
     """amax_history [L, n] and scale [n] (fp32) of one direction of one module."""
 
-    __slots__ = ("amax_history", "scale", "_descs")
+    __slots__ = ("amax_history", "scale", "_descs", "deferred")
 
     def __init__(self, history_len: int, n: int, device: torch.device) -> None:
         self.amax_history = torch.zeros(history_len, n, dtype=torch.float32, device=device)
         self.scale = torch.ones(n, dtype=torch.float32, device=device)
         self._descs = None
+        self.deferred = False  # its update waits in te_torch._autocast's deferred list
 
     def __deepcopy__(self, memo) -> DelayedState:
         new = DelayedState.__new__(DelayedState)
         new.amax_history = self.amax_history.clone()
         new.scale = self.scale.clone()
         new._descs = None  # descriptors point at the original's buffers
+        new.deferred = False
         return new
 
     def amax(self, i: int) -> torch.Tensor:
@@ -65,12 +68,21 @@ class DelayedState:
         new = torch.zeros(history_len, old.shape[1], dtype=old.dtype, device=old.device)
         k = min(history_len, old.shape[0])
         new[:k] = old[:k]
-        self.amax_history = new
-        self._descs = None
+        self.replace(new, self.scale)
+
+    def move_to(self, device: torch.device) -> None:
+        if self.scale.device != device:
+            self.replace(self.amax_history.to(device), self.scale.to(device))
+
+    def replace(self, amax_history: torch.Tensor, scale: torch.Tensor) -> None:
+        """New buffers: the descriptors and every prepared update naming the old ones are dropped."""
+        self.amax_history, self.scale, self._descs = amax_history, scale, None
+        _PLANS.clear()
 
 
-def recipe_key(recipe, backward: bool, group) -> tuple:
-    """States updated together share fp8_max, margin, amax algorithm and reduction group."""
+def recipe_key(recipe, backward: bool, group, device: torch.device) -> tuple:
+    """States updated together share fp8_max, margin, amax algorithm, reduction group and device
+    (one update call reaches one device)."""
     fmt = recipe.fp8_format
     fp8_max = float(fmt.max_bwd if backward else fmt.max_fwd)
     return (
@@ -80,6 +92,7 @@ def recipe_key(recipe, backward: bool, group) -> tuple:
         recipe.scaling_factor_compute_algo,
         bool(recipe.reduce_amax),
         group,
+        torch.device(device),
     )
 
 
@@ -99,20 +112,31 @@ class UpdateRegistry:
             self.recipes[key] = recipe
         group[id(state)] = state
 
-    def flush(self) -> None:
-        """Updates every pending state (one batched call per recipe key) and forgets them."""
+    def take(self) -> list:
+        """The pending states as ``run_updates`` groups, (key, recipe, states), forgetting them."""
         pending, recipes = self.pending, self.recipes
         if not pending:
-            return
+            return []
         self.pending, self.recipes = {}, {}
-        for key, group in pending.items():
-            update(list(group.values()), key, recipes[key])
+        return [(key, recipes[key], tuple(group.values())) for key, group in pending.items()]
+
+    def flush(self) -> None:
+        """Updates every pending state and forgets them."""
+        run_updates(self.take())
 
 
 _dist = torch.distributed if torch.distributed.is_available() else None
 
 
-def _reduce_amax(states: list[DelayedState], group) -> None:
+def needs_collective(groups: list) -> bool:
+    """Whether updating ``groups`` all-reduces amaxes across ranks (reduce_amax, several ranks):
+    such an update must run at the same point on every rank."""
+    if _dist is None or not _dist.is_initialized():
+        return False
+    return any(key[4] and _dist.get_world_size(key[5]) > 1 for key, _, _ in groups)
+
+
+def _reduce_amax(states: tuple, group) -> None:
     """All-reduce (max) the staging rows of ``states`` over ``group``, in one collective."""
     dist = _dist
     if dist is None or not dist.is_initialized():
@@ -126,18 +150,58 @@ def _reduce_amax(states: list[DelayedState], group) -> None:
         row.copy_(new)
 
 
-def update(states: list[DelayedState], key: tuple, recipe) -> None:
-    """NUMERICS.md's delayed-scaling update of ``states`` (all of one recipe key)."""
-    fp8_max, margin, algo, sf_algo, reduce_amax, group = key
-    if reduce_amax:
-        _reduce_amax(states, group)
-    if callable(algo) or sf_algo is not None:
-        for s in states:
-            _update_python(s, fp8_max, margin, algo, sf_algo, recipe)
+# Prepared updates (_C.DelayedScalingUpdate and the device of its states) by the groups they
+# update: a training loop updates the same states every step, so after the first step an update
+# is one lookup and one C call. Keys hold the states, so an id is never reused while its plan
+# lives; DelayedState.replace clears the table when buffers move.
+_PLANS: dict[tuple, tuple] = {}
+_MAX_PLANS = 16
+
+
+def _prepare(groups: tuple) -> tuple:
+    args = []
+    for key, states in groups:
+        fp8_max, margin, algo = key[0], key[1], key[2]
+        hists, scales = zip(*(s.descs() for s in states), strict=True)
+        args.append((list(hists), list(scales), fp8_max, margin, _ALGO[algo]))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    plan = _PLANS[groups] = (_C.DelayedScalingUpdate(args), groups[0][1][0].scale.get_device())
+    return plan
+
+
+def run_updates(groups: list) -> None:
+    """NUMERICS.md's delayed-scaling update of every state in ``groups`` ((key, recipe, states)
+    triples, ``UpdateRegistry.take``): amaxes all-reduced first where the key says so, the
+    built-in algorithms in one C call, user callables (TE's hooks) in Python."""
+    if not groups:
         return
-    hists, scales = zip(*(s.descs() for s in states), strict=True)
-    stream = _kernels.stream_of(states[0].scale)
-    _C.delayed_scaling_update(list(hists), list(scales), fp8_max, margin, _ALGO[algo], stream)
+    fast = []
+    for key, recipe, states in groups:
+        fp8_max, margin, algo, sf_algo, reduce_amax, group, _ = key
+        if reduce_amax:
+            _reduce_amax(states, group)
+        if callable(algo) or sf_algo is not None:
+            for s in states:
+                _update_python(s, fp8_max, margin, algo, sf_algo, recipe)
+        else:
+            fast.append((key, states))
+    if not fast:
+        return
+    device = fast[0][0][6]
+    if any(key[6] != device for key, _ in fast):  # states on several devices: a call per device
+        for dev in dict.fromkeys(key[6] for key, _ in fast):
+            _run(tuple(g for g in fast if g[0][6] == dev))
+        return
+    _run(tuple(fast))
+
+
+def _run(fast: tuple) -> None:
+    plan = _PLANS.get(fast)
+    if plan is None:
+        plan = _prepare(fast)
+    update, dev = plan
+    update(_raw_stream(dev) if dev >= 0 else 0)
 
 
 def _update_python(s: DelayedState, fp8_max, margin, algo, sf_algo, recipe) -> None:
