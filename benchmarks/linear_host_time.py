@@ -5,8 +5,10 @@ medians over ``--rounds`` rounds in which every row runs ``--steps`` steps in tu
 to torch is the median of its per-round ratios, so a slow spell of the shared host hits both sides
 alike):
 
-  host    steps back to back, one synchronize after the last: the CPU time per step (the GPU's
-          work per step, tens of us, is far shorter than the host's, so it hides behind it)
+  host    steps back to back, one synchronize after the last: the wall time per step (the
+          GPU's work per step, tens of us, is far shorter than the host's, so it hides behind it)
+  cpu     the same steps' CPU time (time.process_time, all of the process's threads): what the
+          step costs the host, not counting the time a busy shared host takes the CPU away
   synced  a synchronize after every step: host time plus the GPU's tail of each step
 
 On the CPU it is te's reference backend. Prints, asserts nothing; ``--json`` writes the rows.
@@ -26,28 +28,34 @@ import torch
 import torch.nn.functional as F
 
 
-def per_step_us(fn, steps: int, sync, sync_each: bool) -> float:
+def per_step_us(fn, steps: int, sync, sync_each: bool) -> tuple[float, float]:
+    """(wall, process CPU) microseconds per step."""
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         fn()
         if sync_each:
             sync()
     sync()
-    return (time.perf_counter() - t0) / steps * 1e6
+    return (time.perf_counter() - t0) / steps * 1e6, (time.process_time() - c0) / steps * 1e6
+
+
+FIGURES = ("host", "cpu", "synced")
 
 
 def measure(rows, rounds: int, steps: int, sync) -> dict:
-    """{name: {"host": [us per round], "synced": [...]}}; rows[0] is the baseline."""
+    """{name: {"host": [us per round], "cpu": [...], "synced": [...]}}; rows[0] is the baseline."""
     for _, fn in rows:  # warm-up: first-call setup, plan caches, allocator pools
         for _ in range(10):
             fn()
-    out = {name: {"host": [], "synced": []} for name, _ in rows}
+    out = {name: {k: [] for k in FIGURES} for name, _ in rows}
     for r in range(rounds):
         order = rows[r % len(rows) :] + rows[: r % len(rows)]
         for name, fn in order:
-            out[name]["host"].append(per_step_us(fn, steps, sync, False))
-            out[name]["synced"].append(per_step_us(fn, steps, sync, True))
+            host, cpu = per_step_us(fn, steps, sync, False)
+            out[name]["host"].append(host)
+            out[name]["cpu"].append(cpu)
+            out[name]["synced"].append(per_step_us(fn, steps, sync, True)[0])
     return out
 
 
@@ -140,21 +148,14 @@ def main() -> None:
         f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}; "
         f"medians over {a.rounds} rounds of {a.steps} steps per row"
     )
-    print(f"  {'':45s} {'host us':>9s} {'x torch':>8s} {'synced us':>10s} {'x torch':>8s}")
+    print(f"  {'':45s}" + "".join(f" {k + ' us':>10s} {'x torch':>8s}" for k in FIGURES))
     table = {}
     for name, _ in rows:
         r = res[name]
-        ratio = {
-            k: statistics.median(v / b for v, b in zip(r[k], base[k], strict=True))
-            for k in ("host", "synced")
-        }
-        med = {k: statistics.median(r[k]) for k in ("host", "synced")}
-        table[name] = {"host_us": med["host"], "host_x_torch": ratio["host"],
-                       "synced_us": med["synced"], "synced_x_torch": ratio["synced"]}  # fmt: skip
-        print(
-            f"  {name:45s} {med['host']:9.1f} {ratio['host']:7.2f}x {med['synced']:10.1f} "
-            f"{ratio['synced']:7.2f}x"
-        )
+        ratio = {k: statistics.median(v / b for v, b in zip(r[k], base[k], strict=True)) for k in FIGURES}
+        med = {k: statistics.median(r[k]) for k in FIGURES}
+        table[name] = {f: v for k in FIGURES for f, v in ((f"{k}_us", med[k]), (f"{k}_x_torch", ratio[k]))}
+        print(f"  {name:45s}" + "".join(f" {med[k]:10.1f} {ratio[k]:7.2f}x" for k in FIGURES))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
