@@ -144,6 +144,34 @@ def test_interleaved_backward_passes_update_between_them():
     assert m._bwd_state.scale[0].item() == 57344.0 / 4.0
 
 
+def test_backward_pass_that_raised_does_not_stop_later_updates():
+    """A backward pass that raises after te's backward ran never reaches its end-of-pass
+    callback; the next pass must still queue its own, and its update must run."""
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a.view_as(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom")
+
+    r = recipe.DelayedScaling(amax_history_len=3)
+    m = te.Linear(64, 32, device="cpu")
+    x = with_amax((4, 64), 1.0, 0).requires_grad_(True)
+    with te.autocast(recipe=r):
+        y = m(Boom.apply(x))
+    with pytest.raises(ValueError, match="boom"):
+        y.backward(with_amax((4, 32), 4.0, 50))
+    for step in range(2):
+        with te.autocast(recipe=r):
+            y = m(with_amax((4, 64), 1.0, 1 + step).requires_grad_(True))
+        y.backward(with_amax((4, 32), 2.0 + step, 51 + step))
+    # the failed pass's amax (4) stayed staged and joined the next pass's (2); then 3
+    assert columns(m._bwd_state.amax_history)[0] == [0.0, 4.0, 3.0]
+
+
 def test_states_of_two_devices_update_in_a_call_each(monkeypatch):
     """One update call reaches one device: states registered under keys of two devices (a CPU
     module and a CUDA one in one process) are updated by one call per device."""

@@ -46,7 +46,7 @@ class _State:
         "depth",
         "fwd_registry",
         "bwd_registry",
-        "bwd_queued",
+        "bwd_task",
         "deferred",
     )
 
@@ -58,7 +58,7 @@ class _State:
         self.depth = 0
         self.fwd_registry = UpdateRegistry()
         self.bwd_registry = UpdateRegistry()
-        self.bwd_queued = False
+        self.bwd_task = None  # the backward pass (graph task id) whose end _end_backward awaits
         self.deferred: list = []  # run_updates groups of finished backward passes
 
 
@@ -180,11 +180,15 @@ def register_backward(key: tuple, recipe, state) -> None:
     if state.deferred:
         flush_deferred()
     s.bwd_registry.add(key, recipe, state)
-    if not s.bwd_queued:
-        s.bwd_queued = True
+    # Once per pass. Compared by id, not a flag: a pass that raised never ran its callback, and a
+    # flag would then stay set and leave every later pass's states unupdated.
+    task = _graph_task_id()
+    if s.bwd_task != task:
+        s.bwd_task = task
         torch.autograd.Variable._execution_engine.queue_callback(_end_backward)
 
 
+_graph_task_id = torch._C._current_graph_task_id
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
@@ -205,7 +209,7 @@ def _on_default_streams(groups: list) -> bool:
 def _end_backward() -> None:
     """The backward pass is over: its states' update is deferred, or run now where it must be."""
     s = STATE
-    s.bwd_queued = False
+    s.bwd_task = None
     groups = s.bwd_registry.take()
     if needs_collective(groups) or not _on_default_streams(groups):
         run_updates(groups)
