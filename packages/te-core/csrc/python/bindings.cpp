@@ -445,8 +445,8 @@ PYBIND11_MODULE(_C, m) {
   using GroupArgs = std::tuple<std::vector<te_tensor>, std::vector<te_tensor>, float, float, int32_t>;
   py::class_<DelayedScalingUpdate>(
       m, "DelayedScalingUpdate",
-      "te_delayed_scaling_update_groups of fixed groups: DelayedScalingUpdate([(amax_histories, "
-      "scales, fp8_max, margin, amax_compute_algo), ...]), then update(stream) per step")
+      "te_delayed_scaling_update_groups of fixed groups: u = DelayedScalingUpdate([(amax_histories, "
+      "scales, fp8_max, margin, amax_compute_algo), ...]), then u(stream) per step")
       .def(py::init([](std::vector<GroupArgs> groups) {
              DelayedScalingUpdate u;
              u.histories.reserve(groups.size());
