@@ -120,10 +120,6 @@ class UpdateRegistry:
         self.pending, self.recipes = {}, {}
         return [(key, recipes[key], tuple(group.values())) for key, group in pending.items()]
 
-    def flush(self) -> None:
-        """Updates every pending state and forgets them."""
-        run_updates(self.take())
-
 
 _dist = torch.distributed if torch.distributed.is_available() else None
 
