@@ -33,7 +33,6 @@ import te_torch as te
 import torch
 from _rounds import cuda_event_ms, interleaved, ratio
 
-TOKENS = 16384
 SHAPES = [(4096, 4096), (4096, 16384)]
 
 
@@ -90,8 +89,10 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--tokens", type=int, default=16384, help="e.g. 16383: te pads odd counts (_token_pad)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    tokens = a.tokens
     if not torch.cuda.is_available():
         print("benchmarks/linear.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -102,10 +103,10 @@ def main() -> int:
         "te Float8BlockScaling": te.recipe.Float8BlockScaling(),
     }
     results = []
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {TOKENS} tokens, BF16 params")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {tokens} tokens, BF16 params")
     for k, n in SHAPES:
-        x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
         ref = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
         mine = te.Linear(k, n, params_dtype=torch.bfloat16, device="cuda")
         with torch.no_grad():
@@ -122,7 +123,7 @@ def main() -> int:
         per_b2b, failed_b2b = interleaved(steps, back_to_back, a.rounds, 1, a.warmup)
         base = next(iter(steps))
         for name in steps:
-            row = {"shape": [TOKENS, k, n], "name": name}
+            row = {"shape": [tokens, k, n], "name": name}
             results.append(row)
             if name in failed or name in failed_b2b or not per[name] or not per_b2b[name]:
                 e = failed.get(name) or failed_b2b.get(name)

@@ -11,6 +11,10 @@ alike):
           step costs the host, not counting the time a busy shared host takes the CPU away
   synced  a synchronize after every step: host time plus the GPU's tail of each step
 
+``--inference``: each row's forward alone under torch.no_grad() (decoding, where a step is a few
+tokens; try ``--m 15``: te pads no token count without a weight gradient), the CUDA-graph rows
+left out.
+
 On the CPU it is te's reference backend. Prints, asserts nothing; ``--json`` writes the rows.
 
     PYTHONPATH=packages/te-core/src:packages/te-torch/src python benchmarks/linear_host_time.py
@@ -69,6 +73,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--inference", action="store_true", help="forward only, under torch.no_grad()")
     p.add_argument(
         "--profile",
         default=None,
@@ -89,6 +94,9 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def torch_step():
+        if a.inference:
+            with torch.no_grad():
+                return ref(x)
         ref(x).backward(dy)
 
     def te_fp8(recipe):
@@ -102,9 +110,10 @@ def main() -> None:
             mod.bias.copy_(m.bias)
 
         def step():
-            with te.autocast(recipe=recipe):
+            with torch.set_grad_enabled(not a.inference), te.autocast(recipe=recipe):
                 y = mod(x)
-            y.backward(dy)
+            if not a.inference:
+                y.backward(dy)
 
         return step
 
@@ -122,6 +131,9 @@ def main() -> None:
         return step
 
     def te_hp_step():
+        if a.inference:
+            with torch.no_grad():
+                return m(x)
         m(x).backward(dy)
 
     w = m.weight.detach()
@@ -131,21 +143,23 @@ def main() -> None:
         "current": te.recipe.Float8CurrentScaling(),
         "block": te.recipe.Float8BlockScaling(),
     }
+    what = "fwd (no_grad)" if a.inference else "fwd+bwd"
     rows = [
-        ("torch nn.Linear fwd+bwd", torch_step),
-        *((f"te.Linear fp8 {name} scaling fwd+bwd", te_fp8(r)) for name, r in recipes.items()),
+        (f"torch nn.Linear {what}", torch_step),
+        *((f"te.Linear fp8 {name} scaling {what}", te_fp8(r)) for name, r in recipes.items()),
         *(
             (f"te.Linear fp8 {name} + CUDA graphs", te_graphed(recipes[name]))
-            for name in ("delayed", "current")
+            for name in (() if a.inference else ("delayed", "current"))
         ),
-        ("te.Linear outside autocast fwd+bwd", te_hp_step),
+        (f"te.Linear outside autocast {what}", te_hp_step),
         ("F.linear (forward GEMM only)", lambda: F.linear(xd, w)),
         ("te.functional.gemm (forward GEMM only)", lambda: te.functional.gemm(xd, w)),
     ]
     res = measure(rows, a.rounds, a.steps, sync)
     base = res[rows[0][0]]
     print(
-        f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}; "
+        f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}"
+        f"{', inference' if a.inference else ''}; "
         f"medians over {a.rounds} rounds of {a.steps} steps per row"
     )
     print(f"  {'':45s}" + "".join(f" {k + ' us':>10s} {'x torch':>8s}" for k in FIGURES))
@@ -159,7 +173,13 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
-                {"device": a.device, "dtype": a.dtype, "shape": [a.m, a.k, a.n], "rows": table},
+                {
+                    "device": a.device,
+                    "dtype": a.dtype,
+                    "shape": [a.m, a.k, a.n],
+                    "inference": a.inference,
+                    "rows": table,
+                },
                 f,
                 indent=2,
             )

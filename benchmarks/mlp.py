@@ -18,7 +18,8 @@ per-round ratios to torch's row of the same round); each round runs --warmup ste
 the median of --iters synced steps (one back-to-back group). ms is the median over rounds;
 TFLOP/s (synced) counts the three GEMMs of each layer forward and backward (6 * tokens * params
 of FC1 and FC2). A variant that fails reports its error and the run goes on. --json PATH writes
-every figure.
+every figure. --inference times the forward alone under torch.no_grad() (prefill; TFLOP/s then
+counts 2 * tokens * params).
 
     PYTHONPATH=packages/te-core/src:packages/te-torch/src python3 benchmarks/mlp.py --json out.json
 """
@@ -67,13 +68,16 @@ class TorchMLP(torch.nn.Module):
         return self.fc2(h)
 
 
-def make_step(module, x, dy, recipe=None):
+def make_step(module, x, dy, recipe=None, inference=False):
     def step():
-        if recipe is None:
-            y = module(x)
-        else:
-            with te.autocast(recipe=recipe):
+        with torch.set_grad_enabled(not inference):
+            if recipe is None:
                 y = module(x)
+            else:
+                with te.autocast(recipe=recipe):
+                    y = module(x)
+        if inference:
+            return
         y.backward(dy)
         module.zero_grad(set_to_none=True)
         x.grad = None
@@ -99,6 +103,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--inference", action="store_true", help="forward only, under torch.no_grad()")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available() or not C.BUILT_WITH_CUDA:
@@ -112,7 +117,8 @@ def main() -> int:
     torch.manual_seed(0)
     t, h, f = args.tokens, args.hidden, args.ffn
     gpu = torch.cuda.get_device_name()
-    print(f"{gpu}, torch {torch.__version__}; LayerNormMLP fwd+bwd, {t} tokens, {h} -> {f} -> {h}")
+    what = "fwd (no_grad)" if args.inference else "fwd+bwd"
+    print(f"{gpu}, torch {torch.__version__}; LayerNormMLP {what}, {t} tokens, {h} -> {f} -> {h}")
     print(
         f"{'activation':10s} {'variant':14s} {'ms':>9s} {'TFLOP/s':>8s} {'vs torch':>8s}"
         f" {'b2b ms':>9s} {'vs torch':>8s}"
@@ -120,7 +126,7 @@ def main() -> int:
     results = []
     for act in args.activations.split(","):
         fc1_out = 2 * f if act == "swiglu" else f
-        flops = 6.0 * t * (h * fc1_out + f * h)
+        flops = (2.0 if args.inference else 6.0) * t * (h * fc1_out + f * h)
         x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
 
@@ -141,7 +147,7 @@ def main() -> int:
                 rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
             modules.append(module)
-            steps[name] = make_step(module, x, dy, rcp)
+            steps[name] = make_step(module, x, dy, rcp, args.inference)
         per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup)
         back_to_back = functools.partial(cuda_event_ms, steps=5)
         per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup)
@@ -177,6 +183,7 @@ def main() -> int:
             "iters": args.iters,
             "warmup": args.warmup,
             "rounds": args.rounds,
+            "inference": args.inference,
         }
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "results": results}, fh, indent=1)
