@@ -145,6 +145,62 @@ def test_any_token_count_cuda_matches_cpu(name, module):
     compare(cpu, gpu, (3, 77, 256), 256, torch.bfloat16, r, MLP_FP8_TOL if module == "LayerNormMLP" else 1e-2)
 
 
+# The GEMM weights of each module in GEMM_MODULES.
+GEMM_WEIGHTS = {
+    "Linear": ("weight",),
+    "LayerNormLinear": ("weight",),
+    "LayerNormMLP": ("fc1_weight", "fc2_weight"),
+}
+
+
+@pytest.mark.parametrize("module", list(GEMM_MODULES))
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_token_count_without_weight_gradient_cuda_matches_cpu(name, module):
+    # 231 tokens and no weight gradient (frozen GEMM weights; inference): per-tensor scaling pads
+    # nothing, so cuBLASLt's FP8 fprop and dgrad GEMMs run with M = 231 and 15; 1x128 blocks pad
+    # still (their GEMMs refuse such an M: _token_pad).
+    r = RECIPES[name]()
+    cpu = GEMM_MODULES[module](torch.bfloat16)
+    randomize(cpu)
+    for n in GEMM_WEIGHTS[module]:
+        getattr(cpu, n).requires_grad_(False)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    tol = MLP_FP8_TOL if module == "LayerNormMLP" else 1e-2
+    compare(cpu, gpu, (3, 77, 256), 256, torch.bfloat16, r, tol)
+    x = torch.randn(5, 3, 256).to(torch.bfloat16)
+    with torch.no_grad(), te.autocast(recipe=r):
+        want, got = cpu(x), gpu(x.to(CUDA))
+    assert got.shape == want.shape == (5, 3, 256)
+    assert relerr(got, want) <= tol
+
+
+@pytest.mark.parametrize("module", list(GEMM_MODULES))
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_inference_keeps_no_copies_for_backward(name, module):
+    # Under no_grad a step whose parameters require grad must not quantize the column-wise
+    # copies a backward would read: its peak memory is that of the same step with every
+    # parameter frozen (where no gradient can be asked for at all).
+    r = RECIPES[name]()
+    m = GEMM_MODULES[module](torch.bfloat16).to(CUDA)
+    frozen = copy.deepcopy(m).requires_grad_(False)
+    x = torch.randn(4096, 256, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+
+    def peak(mod, inp):
+        with torch.no_grad(), te.autocast(recipe=r):
+            mod(inp)  # first call: quantizer setup, delayed-scaling state
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            y = mod(inp)
+            torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, y
+
+    want, y_frozen = peak(frozen, x.detach())
+    got, y = peak(m, x)
+    assert got == want, (got, want)
+    assert torch.equal(y, y_frozen)
+
+
 @pytest.mark.parametrize("module", list(GEMM_MODULES))
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_fp32_params_with_bf16_inputs_cuda_matches_cpu(name, module):

@@ -48,14 +48,15 @@ void register_linear_step(py::module_& m) {
         check(without_gil([&] {
           if (xo.quantize) TE_TRY(te_quantize(&xo.src, &xo.q, xo.config, s));
           if (wo.quantize) TE_TRY(te_quantize(&wo.src, &wo.q, wo.config, s));
-          return gemm(only(xo.q, true), only(wo.q, true), d, c, b, s);
+          return gemm(rowwise_for(xo.q, d), only(wo.q, true), d, c, b, s);
         }));
       },
       py::arg("x"), py::arg("w"), py::arg("bias").none(true), py::arg("out"), py::arg("config"),
       py::arg("stream"),
       "out = x w^T (+ bias) with config's layout (fprop: trans_b): quantizes the kind-0 "
       "operands into their packed buffers first (both copies where both pointers are given), "
-      "then te_gemm on the row-wise copies.");
+      "then te_gemm on the row-wise copies (a per-tensor x with more rows than out: its first "
+      "rows, step_operands.h rowwise_for).");
   m.def(
       "linear_bwd",
       [](py::handle dy, py::handle dbias, py::handle x, py::handle w, py::handle dx,

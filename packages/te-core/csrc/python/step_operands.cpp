@@ -155,6 +155,29 @@ te_quantized_tensor only(const te_quantized_tensor& q, bool rowwise) {
   return r;
 }
 
+namespace {
+
+int64_t matrix_rows(const te_tensor& t) {
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < t.ndim; ++i) rows *= t.shape[i];
+  return rows;
+}
+
+}  // namespace
+
+te_quantized_tensor rowwise_for(const te_quantized_tensor& q, const te_tensor& d) {
+  te_quantized_tensor r = only(q, true);
+  te_tensor& a = r.rowwise_data;
+  if (r.scaling_mode != TE_SCALING_PER_TENSOR || a.ndim < 1 || d.ndim < 1) return r;
+  const int64_t rows = matrix_rows(d);
+  if (rows < matrix_rows(a)) {
+    a.shape[1] = a.shape[a.ndim - 1];
+    a.shape[0] = rows;
+    a.ndim = 2;
+  }
+  return r;
+}
+
 te_status gemm(const te_quantized_tensor& a, const te_quantized_tensor& b, const te_tensor& d,
                const te_gemm_config* config, const te_tensor& bias, void* stream) {
   te_quantized_tensor out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
@@ -234,7 +257,7 @@ te_status quantize_grad(LinearGrads& l, void* stream) {
 
 te_status linear_gemms(const LinearGrads& l, void* stream) {
   if (present(l.dx)) {
-    TE_TRY(gemm(only(l.g.q, true), only(l.w.q, false), l.dx, l.dgrad, te_tensor{}, stream));
+    TE_TRY(gemm(rowwise_for(l.g.q, l.dx), only(l.w.q, false), l.dx, l.dgrad, te_tensor{}, stream));
   }
   if (present(l.dw)) {
     return gemm(only(l.g.q, false), only(l.x.q, false), l.dw, l.wgrad, te_tensor{}, stream);

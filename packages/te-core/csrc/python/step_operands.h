@@ -45,6 +45,13 @@ Operand target(pybind11::handle h, const te_tensor& src, const char* arg);
 // not exist (a saved operand keeps only its column-wise copy).
 te_quantized_tensor only(const te_quantized_tensor& q, bool rowwise);
 
+// The row-wise copy of q (only(q, true)) as the A operand of a GEMM writing d. A per-tensor copy
+// with more rows than d is cut to d's rows: te_torch quantizes an odd token count padded to a
+// multiple of 16, because the weight-gradient GEMM reduces over the tokens and cuBLASLt's FP8
+// GEMMs need K a multiple of 16, while fprop and dgrad write only the real rows (M may be
+// anything). Row r of the padded copy is row r of the source, and its scale is the tensor's.
+te_quantized_tensor rowwise_for(const te_quantized_tensor& q, const te_tensor& d);
+
 te_status gemm(const te_quantized_tensor& a, const te_quantized_tensor& b, const te_tensor& d,
                const te_gemm_config* config, const te_tensor& bias, void* stream);
 

@@ -200,6 +200,7 @@ class FP8Context:
         "group",
         "generation",
         "fields",
+        "per_tensor",
     )
 
     def __init__(
@@ -215,6 +216,7 @@ class FP8Context:
         self.owner, self.group = owner, group
         self.generation, self.fields = recipe._generation, recipe_fields(recipe)
         self.delayed = recipe.delayed()
+        self.per_tensor = self.delayed or recipe.float8_current_scaling()
         self.weight_cache = self.weight_operand_cache = None
         self.fwd_key = self.bwd_key = None
         self.block = 0

@@ -30,6 +30,7 @@ from te_torch._module_base import (
     check_normalization,
     check_params_dtype,
     check_size,
+    detached,
     register_norm_params,
     reject_kwargs,
     reject_parallel,
@@ -172,10 +173,13 @@ class LayerNormLinear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
-            n_pad = 0 if c.block else pad_count(inp)
+            x = inp
+            if not torch.is_grad_enabled():
+                x, ln_w, ln_b, weight, gemm_bias = detached(inp, ln_w, ln_b, weight, gemm_bias)
+            n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
             apply = LayerNormLinearFn.apply if wrapper_needed() else _APPLY
             res = apply(
-                pad(inp, n_pad) if n_pad else inp,
+                pad(x, n_pad) if n_pad else x,
                 ln_w,
                 ln_b,
                 weight,

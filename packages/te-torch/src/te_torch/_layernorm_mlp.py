@@ -34,6 +34,7 @@ from te_torch._module_base import (
     check_normalization,
     check_params_dtype,
     check_size,
+    detached,
     init_weight,
     register_norm_params,
     reject_kwargs,
@@ -196,10 +197,13 @@ class LayerNormMLP(QuantizedModule):
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
             elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
-            n_pad = 0 if c1.block else pad_count(inp)
+            x = inp
+            if not torch.is_grad_enabled():
+                x, ln_w, ln_b, w1, b1, w2, gemm_b2 = detached(inp, ln_w, ln_b, w1, b1, w2, gemm_b2)
+            n_pad = 0 if c1.block else pad_count(inp, w1, w2, any_rows=c1.per_tensor)
             apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
             res = apply(
-                pad(inp, n_pad) if n_pad else inp,
+                pad(x, n_pad) if n_pad else x,
                 ln_w,
                 ln_b,
                 w1,

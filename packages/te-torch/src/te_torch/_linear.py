@@ -35,13 +35,14 @@ from te_torch._module_base import (
     bad_input,
     check_params_dtype,
     check_size,
+    detached,
     init_weight,
     reject_kwargs,
     reject_parallel,
     split_sizes,
     warn_if_recomputed,
 )
-from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["Linear"]
@@ -211,8 +212,13 @@ class Linear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("Linear", c.recipe, c.block, inp, self._features)
-            n_pad = 0 if c.block else pad_count(inp)
-            x = pad(inp, n_pad) if n_pad else inp
+            x = inp
+            if not torch.is_grad_enabled():
+                x, weight, gemm_bias = detached(inp, weight, gemm_bias)
+            n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
+            if n_pad and c.per_tensor and c.packed_ok and is_eager(inp):
+                n_pad = 0  # the eager per-tensor step pads inside, with no output slice (_linear_step)
+            x = pad(x, n_pad) if n_pad else x
             apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
             out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
             if n_pad:

@@ -12,6 +12,13 @@ so a step allocates 3 + 4 tensors instead of ~13 and crosses into C++ twice inst
 on the H200 host the Python frames, allocations and argument conversions of the unfused path cost
 more than its kernels at small sizes (benchmarks/NOTES.md). The numerics are the unfused path's:
 the same te_quantize / te_dbias_quantize / te_gemm calls with the same arguments.
+
+A per-tensor step whose weight needs a gradient and whose token count M is not a multiple of 16
+pads here, not in the module (_token_pad): x is quantized as [M_pad, K] (the last row copied)
+and dy as [M_pad, N] (zero rows), the wgrad GEMM reduces over M_pad, and fprop and dgrad read
+the first M rows of the row-wise copies (te_core's rowwise_for), so y and dx come out with M rows
+and no slice or copy of them is made, nor an autograd node for either (the module-level padding
+cost a small step 2.1x its time on the H200 host, and a 4096 -> 4096 step 15%).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._token_pad import ALIGN, say_once
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -88,6 +96,13 @@ def _split(flag) -> int:
     return -1 if flag is None else int(bool(flag))
 
 
+def pad_rows(t: torch.Tensor, count: int, zeros: bool) -> torch.Tensor:
+    """``t`` as [rows + count, last dim]: then ``count`` copies of its last row, or zero rows."""
+    t2 = t.reshape(-1, t.shape[-1])
+    tail = t2.new_zeros(count, t2.shape[1]) if zeros else t2[-1:].expand(count, -1)
+    return torch.cat([t2, tail])
+
+
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
     """LinearFn.forward, eagerly (see the module docstring)."""
     need_dx, need_dw = inp.requires_grad, weight.requires_grad
@@ -97,7 +112,13 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     device = inp.device
     stream = _raw_stream(dev) if dev >= 0 else 0
     xq = c.x_q[3]._flat()
-    xr, xc = packed(xq[0], xq[1], inp.shape)
+    # here grad mode is off: need_dw (the module detached the weight under no_grad) decides
+    pad = -(inp.numel() // inp.shape[-1]) % ALIGN if c.per_tensor and need_dw else 0
+    src = inp
+    if pad:
+        say_once()
+        src = pad_rows(inp, pad, False)
+    xr, xc = packed(xq[0], xq[1], src.shape)
     if not need_dw:
         xc = 0
     plan = weight_plan(c, weight, first, need_dx)
@@ -108,7 +129,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     if xc + wc:
         saved = _empty(xc + wc, dtype=_U8, device=device)
         sp = saved.data_ptr()
-    x_fwd = (0, (inp.data_ptr(), TE_DTYPE[inp.dtype], inp.shape, dev), xq, tp, sp if xc else 0)
+    x_fwd = (0, (src.data_ptr(), TE_DTYPE[src.dtype], src.shape, dev), xq, tp, sp if xc else 0)
     w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + xr, (sp or 0) + xc)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
@@ -121,7 +142,8 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     give_tmp(dev, stream, tmp)
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
-    ctx.x_bwd = (1, xq[0], xq[1], inp.shape, dev, 0, sp) if xc else None
+    ctx.x_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if xc else None
+    ctx.pad = pad
     ctx.w_bwd = w_bwd if need_dx else None
     ctx.x_shape, ctx.x_dtype = inp.shape, inp.dtype
     ctx.c = c
@@ -196,6 +218,10 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     given_grad."""
     c = ctx.c
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    if ctx.pad:  # x's copies are padded: so is dy's (a quantized dy as its values)
+        if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+            dy = dy.dequantize()
+        dy = pad_rows(dy, ctx.pad, True)
     dy, g, db, parts = given_grad(dy, c, need_dx, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dx or need_dw):
         return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None

@@ -115,6 +115,15 @@ def init_weight(w: torch.Tensor, init_method) -> None:
             w.normal_(0.0, 0.023)
 
 
+def detached(*ts):
+    """``ts`` detached (None stays None): the tensors of a quantized step under torch.no_grad()
+    or inference_mode. An autograd Function's ``needs_input_grad`` follows ``requires_grad`` even
+    with grad mode off, so without this an inference step would quantize and keep the column-wise
+    copies (x's for wgrad, W's for dgrad; in LayerNormMLP also the activation's) for a backward
+    that cannot run."""
+    return tuple(None if t is None else t.detach() for t in ts)
+
+
 def warn_if_recomputed(owner: str, gemm: GemmState) -> None:
     """Called by a module's high-precision forward: a module that has run quantized running in
     high precision inside a backward pass is torch.utils.checkpoint recomputing it outside its
