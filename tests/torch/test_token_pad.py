@@ -58,19 +58,6 @@ def test_modules_pad_odd_token_counts_and_say_so_once(caplog, monkeypatch):
     assert len(said) == 1 and said[0].levelno == logging.INFO
 
 
-@pytest.mark.parametrize("name", ["delayed", "current"])
-def test_linear_pads_inside_its_step(name):
-    """Eager per-tensor te.Linear pads inside its step: y and dx are the step's own [21, N]
-    tensors, not slices of padded ones, and y takes in-place updates."""
-    m = te.Linear(64, 48, device="cpu")
-    x = torch.randn(3, 7, 64, requires_grad=True)
-    with te.autocast(recipe=RECIPES[name]()):
-        y = m(x)
-    assert y.shape == (3, 7, 48) and y._base is None
-    y.mul_(2).sum().backward()
-    assert x.grad.shape == x.shape and m.weight.grad.shape == (48, 64)
-
-
 # The GEMM modules and the names of their GEMM weights (frozen in the adapter case below).
 MODULES = {
     "Linear": (lambda: te.Linear(64, 48, device="cpu"), ("weight",)),
@@ -120,3 +107,17 @@ def test_no_padding_without_weight_gradient(monkeypatch, module, name):
     assert torch.equal(xu.grad, xr.grad)
     for n, p in m.named_parameters():  # norm weights and biases still train
         assert p.grad is None if n in weights else torch.equal(p.grad, ref.get_parameter(n).grad), n
+
+
+@pytest.mark.parametrize("name", ["delayed", "current"])
+@pytest.mark.parametrize("module", list(MODULES))
+def test_eager_steps_pad_inside(module, name):
+    """Eager per-tensor steps pad inside: y is the step's own [21, N] tensor, not a slice of a
+    padded one (no slice backward either), and takes in-place updates."""
+    m = MODULES[module][0]()
+    x = torch.randn(3, 7, 64, requires_grad=True)
+    with te.autocast(recipe=RECIPES[name]()):
+        y = m(x)
+    assert y.shape == (3, 7, 48 if module != "LayerNormMLP" else 64) and y._base is None
+    y.mul_(2).sum().backward()
+    assert x.grad.shape == x.shape and all(p.grad is not None for p in m.parameters())

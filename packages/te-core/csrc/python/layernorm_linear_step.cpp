@@ -30,7 +30,7 @@ void register_layernorm_linear_step(py::module_& m) {
         check(without_gil([&] {
           TE_TRY(norm_fwd(n, s));
           if (wo.quantize) TE_TRY(te_quantize(&wo.src, &wo.q, wo.config, s));
-          return gemm(only(n.out.q, true), only(wo.q, true), d, c, bt, s);
+          return gemm(rowwise_for(n.out.q, d), only(wo.q, true), d, c, bt, s);
         }));
       },
       py::arg("rms"), py::arg("x"), py::arg("gamma"), py::arg("beta").none(true),
@@ -39,7 +39,8 @@ void register_layernorm_linear_step(py::module_& m) {
       py::arg("stream"),
       "out = norm(x) w^T (+ bias): te_layernorm_fwd (te_rmsnorm_fwd with rms; mu None) writing "
       "ln_out's packed copies (quant, row, col) and mu / rsigma, then linear_fwd's weight "
-      "quantization (a kind-0 w) and fprop GEMM on the row-wise copies.");
+      "quantization (a kind-0 w) and fprop GEMM on the row-wise copies (a per-tensor ln_out "
+      "with more rows than out: its first rows, as linear_fwd's x).");
   m.def(
       "layernorm_linear_bwd",
       [](py::handle dy, py::handle dbias, py::handle ln_out, py::handle w, py::handle dln,

@@ -53,7 +53,7 @@ void register_layernorm_mlp_step(py::module_& m) {
           TE_TRY(gemm(only(n.out.q, true), only(w1o.q, true), ht, c1, b1t, s));
           TE_TRY(te_activation_fwd(&ht, &a.q, activation, a.config, s));
           if (w2o.quantize) TE_TRY(te_quantize(&w2o.src, &w2o.q, w2o.config, s));
-          return gemm(only(a.q, true), only(w2o.q, true), d, c2, b2t, s);
+          return gemm(rowwise_for(a.q, d), only(w2o.q, true), d, c2, b2t, s);
         }));
       },
       py::arg("rms"), py::arg("x"), py::arg("gamma"), py::arg("beta").none(true),
@@ -64,7 +64,8 @@ void register_layernorm_mlp_step(py::module_& m) {
       "out = act(norm(x) w1^T (+ b1)) w2^T (+ b2): the norm writes ln_out's packed copies "
       "(quant, row, col) and mu / rsigma (mu None with rms), FC1's fprop GEMM writes the "
       "pre-activation h (high precision), te_activation_fwd writes act_out's packed copies, "
-      "then FC2's fprop GEMM; kind-0 weights are quantized right before their GEMM.");
+      "then FC2's fprop GEMM (a per-tensor act_out with more rows than out: its first rows, as "
+      "linear_fwd's x); kind-0 weights are quantized right before their GEMM.");
   m.def(
       "layernorm_mlp_bwd",
       [](py::handle fc2, int32_t activation, py::handle h, py::handle fc1, py::handle norm,

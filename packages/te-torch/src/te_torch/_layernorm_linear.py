@@ -38,7 +38,7 @@ from te_torch._module_base import (
     split_sizes,
     warn_if_recomputed,
 )
-from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["LayerNormLinear"]
@@ -177,6 +177,8 @@ class LayerNormLinear(SingleGemmModule):
             if not torch.is_grad_enabled():
                 x, ln_w, ln_b, weight, gemm_bias = detached(inp, ln_w, ln_b, weight, gemm_bias)
             n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
+            if n_pad and c.per_tensor and c.packed_ok and not self.return_layernorm_output and is_eager(inp):
+                n_pad = 0  # the eager per-tensor step pads inside (_layernorm_linear_step)
             apply = LayerNormLinearFn.apply if wrapper_needed() else _APPLY
             res = apply(
                 pad(x, n_pad) if n_pad else x,

@@ -16,6 +16,9 @@ arguments. LayerNormLinearFn takes this path eagerly for the formats te.Linear's
 (``FP8Context.packed_ok``: per-tensor and block FP8, not MXFP8 / NVFP4) and runs op by op under
 torch.compile tracing, with ``return_layernorm_output``, and with ``fp8_output`` / ``fp8_grad``.
 A quantized dy (the next layer's ``fp8_grad``) is read as it is (_linear_step.given_grad).
+An odd token count is padded here as in _linear_step: the norm runs on x with its last row
+copied (the padding rows' outputs, mu and rsigma are the last row's), fprop and dgrad read the
+first rows, and the norm backward runs on the real rows alone (dz = dln has them only).
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ from te_torch._linear_step import (
     given_grad,
     grad_copies,
     mark_main_grad,
+    pad_rows,
+    padded_grad,
     weight_operands,
     weight_plan,
     wgrad_target,
 )
+from te_torch._token_pad import ALIGN, say_once
 
 _U8, _F32 = torch.uint8, TE_DTYPE[torch.float32]
 _empty = torch.empty
@@ -65,6 +71,12 @@ def stats(rows: int, rms: bool, base: int, dev: int) -> tuple[tuple | None, tupl
     if rms:
         return None, (base, _F32, (rows,), dev)
     return (base, _F32, (rows,), dev), (base + scratch(4 * rows), _F32, (rows,), dev)
+
+
+def real_rows_stats(mu, rsigma, rows: int) -> tuple:
+    """stats() of a padded norm as the norm backward reads them: the real rows', the first
+    ``rows`` of each (its dz, dln, has no padding rows)."""
+    return tuple(None if t is None else (t[0], t[1], (rows,), t[3]) for t in (mu, rsigma))
 
 
 def norm_grads(ctx, shape, device, need_dlnb: bool) -> tuple:
@@ -108,7 +120,14 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     plan = weight_plan(c, weight, first, need_dln)
     _, wr, wc, keep = plan
     rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
-    sn = stats_bytes(rows, rms)
+    # grad mode is off here: need_dw (the module detached the weight under no_grad) decides
+    pad = -rows % ALIGN if c.per_tensor and need_dw else 0
+    src = inp
+    if pad:
+        say_once()
+        src = pad_rows(inp, pad, False)
+        lr, lc = packed(xq[0], xq[1], src.shape)
+    sn = stats_bytes(rows + pad, rms)
     tmp = _empty(lr + wr + (0 if need_dln else sn), dtype=_U8, device=device)
     tp = tmp.data_ptr()
     saved = None
@@ -116,22 +135,25 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     if lc + wc + (sn if need_dln else 0):
         saved = _empty(lc + wc + (sn if need_dln else 0), dtype=_U8, device=device)
         sp = saved.data_ptr()
-    mu, rsigma = stats(rows, rms, sp + lc + wc if need_dln else tp + lr + wr, dev)
+    mu, rsigma = stats(rows + pad, rms, sp + lc + wc if need_dln else tp + lr + wr, dev)
     w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + lr, sp + lc)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
     out_shape = (*inp.shape[:-1], weight.shape[0])
     out = _empty(out_shape, dtype=inp.dtype, device=device)
     _fwd(
-        rms, spec(inp), spec(ln_w), spec(ln_b), (xq, tp, sp if lc else 0), mu, rsigma,
+        rms, spec(src), spec(ln_w), spec(ln_b), (xq, tp, sp if lc else 0), mu, rsigma,
         norm_config(eps, zcg), w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
         fprop_config(c, bias), _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
-    ctx.ln_bwd = (1, xq[0], xq[1], inp.shape, dev, 0, sp) if lc else None
+    ctx.ln_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if lc else None
     ctx.w_bwd = w_bwd if need_dln else None
+    if pad:
+        mu, rsigma = real_rows_stats(mu, rsigma, rows)
     save_norm(ctx, inp, ln_w, ln_b, rms, zcg, mu, rsigma, need_dln)
+    ctx.pad = pad
     ctx.x_shape = inp.shape
     ctx.c = c
     ctx.fuse = fuse_wgrad
@@ -146,6 +168,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     c = ctx.c
     need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]
     need_dln = need_dx or need_dlnw or need_dlnb
+    if ctx.pad:
+        dy = padded_grad(dy, ctx.pad)
     dy, g, db, parts = given_grad(dy, c, need_dln, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dln or need_dw):
         db = column_sums(dy, ctx.b_dtype) if need_db else db

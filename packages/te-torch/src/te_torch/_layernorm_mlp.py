@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from te_core._ops import ACTIVATIONS
 
-from te_torch import _autocast
+from te_torch import _autocast, _layernorm_mlp_step
 from te_torch._availability import default_device
 from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._gemm_state import GemmState, check_dims
@@ -201,6 +201,9 @@ class LayerNormMLP(QuantizedModule):
             if not torch.is_grad_enabled():
                 x, ln_w, ln_b, w1, b1, w2, gemm_b2 = detached(inp, ln_w, ln_b, w1, b1, w2, gemm_b2)
             n_pad = 0 if c1.block else pad_count(inp, w1, w2, any_rows=c1.per_tensor)
+            ret_ln = self.return_layernorm_output
+            if n_pad and c1.per_tensor and _layernorm_mlp_step.runs(c1, c2, ret_ln, x, ln_w, ln_b, w1, b1):
+                n_pad = 0  # the fused step pads inside
             apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
             res = apply(
                 pad(x, n_pad) if n_pad else x,

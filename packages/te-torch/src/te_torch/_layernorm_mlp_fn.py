@@ -32,7 +32,6 @@ import torch
 from te_torch import _fused, _layernorm_mlp_step
 from te_torch._linear_fn import any_requires_grad, column_sums, quantize_grad, wgrad
 from te_torch._linear_step import gemm_bias
-from te_torch._quantized_tensor import is_eager
 from te_torch.functional import gemm, gemm_dgrad
 
 
@@ -43,13 +42,7 @@ class LayerNormMLPFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
         rms, eps, zcg, kind, return_ln = cfg
-        if (
-            c1.packed_ok
-            and c2.packed_ok
-            and not return_ln
-            and is_eager(inp)
-            and _layernorm_mlp_step.takes(inp, ln_w, ln_b, w1, b1)
-        ):
+        if _layernorm_mlp_step.runs(c1, c2, return_ln, inp, ln_w, ln_b, w1, b1):
             return _layernorm_mlp_step.forward(
                 ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad, cfg
             )

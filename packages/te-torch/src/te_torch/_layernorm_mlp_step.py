@@ -17,7 +17,10 @@ LayerNormMLPFn takes this path eagerly for the formats te.Linear's step takes
 (``FP8Context.packed_ok``: per-tensor and block FP8, not MXFP8 / NVFP4) and runs op by op under
 torch.compile tracing, with ``return_layernorm_output``, and when FC1's bias is the only thing
 below the activation that needs a gradient. A quantized dy (a next layer's ``fp8_grad``) is
-dequantized first.
+dequantized first. An odd token count is padded here as in _linear_step: norm, FC1, activation
+and both weight gradients run on the padded rows (x's last row copied; dy's padding rows zero,
+so the activation's gradient there is zero too), FC2's fprop and FC1's dgrad read the first
+rows, and the norm backward runs on the real rows alone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ from te_core import _C
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import activation_out_shape, norm_config
 from te_torch._kernels import _raw_stream, give_tmp, packed, spec
-from te_torch._layernorm_linear_step import contiguous, norm_grads, save_norm, scratch, stats, stats_bytes
+from te_torch._layernorm_linear_step import (
+    contiguous,
+    norm_grads,
+    real_rows_stats,
+    save_norm,
+    scratch,
+    stats,
+    stats_bytes,
+)
 from te_torch._linear_step import (
     column_sums,
     dgrad_config,
@@ -36,11 +47,14 @@ from te_torch._linear_step import (
     gemm_bias,
     grad_copies,
     mark_main_grad,
+    pad_rows,
+    padded_grad,
     weight_operands,
     weight_plan,
     wgrad_target,
 )
-from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
+from te_torch._token_pad import ALIGN, say_once
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -56,6 +70,14 @@ def takes(inp, ln_w, ln_b, w1, b1) -> bool:
     return ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
 
 
+def runs(c1, c2, return_ln: bool, inp, ln_w, ln_b, w1, b1) -> bool:
+    """Whether LayerNormMLPFn runs this call as the fused step (which pads odd token counts
+    itself; the module pads for the op-by-op path)."""
+    if not (c1.packed_ok and c2.packed_ok) or return_ln or not is_eager(inp):
+        return False
+    return takes(inp, ln_w, ln_b, w1, b1)
+
+
 def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
     """LayerNormMLPFn.forward, eagerly (see the module docstring)."""
     rms, eps, zcg, kind, _ = cfg
@@ -66,17 +88,23 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     dev = inp.get_device()
     device = inp.device
     dtype = inp.dtype
-    lead = inp.shape[:-1]
+    rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
+    # grad mode is off here: need_dw1 / need_dw2 (the module detached them under no_grad) decide
+    pad = -rows % ALIGN if c1.per_tensor and (need_dw1 or need_dw2) else 0
+    src = inp
+    if pad:
+        say_once()
+        src = pad_rows(inp, pad, False)
+    lead = src.shape[:-1]
     h_shape = torch.Size((*lead, w1.shape[0]))
     a_shape = activation_out_shape(h_shape, kind)
     xq1, xq2 = c1.x_q[3]._flat(), c2.x_q[3]._flat()
-    lr, lc = packed(xq1[0], xq1[1], inp.shape)
+    lr, lc = packed(xq1[0], xq1[1], src.shape)
     ar, ac = packed(xq2[0], xq2[1], a_shape)
     lc, ac = (lc if need_dw1 else 0), (ac if need_dw2 else 0)
     plan1, plan2 = weight_plan(c1, w1, first, need_dln), weight_plan(c2, w2, first, need_dh)
     w1r, w1c, w2r, w2c = plan1[1], plan1[2], plan2[1], plan2[2]
-    rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
-    hn, sn = scratch(h_shape.numel() * inp.element_size()), stats_bytes(rows, rms)
+    hn, sn = scratch(h_shape.numel() * inp.element_size()), stats_bytes(rows + pad, rms)
     tn = lr + w1r + ar + w2r
     kn = lc + w1c + ac + w2c
     tmp = _empty(tn + (0 if need_dh else hn) + (0 if need_dln else sn), dtype=_U8, device=device)
@@ -89,17 +117,17 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     h_ptr = sp + kn if need_dh else tp + tn
     h = (h_ptr, TE_DTYPE[dtype], h_shape, dev)
     if need_dln:
-        mu, rsigma = stats(rows, rms, sp + kn + (hn if need_dh else 0), dev)
+        mu, rsigma = stats(rows + pad, rms, sp + kn + (hn if need_dh else 0), dev)
     else:
-        mu, rsigma = stats(rows, rms, tp + tn + (0 if need_dh else hn), dev)
+        mu, rsigma = stats(rows + pad, rms, tp + tn + (0 if need_dh else hn), dev)
     w1_fwd, w1_bwd = weight_operands(w1, plan1, dev, tp + lr, sp + lc)
     w2_fwd, w2_bwd = weight_operands(w2, plan2, dev, tp + lr + w1r + ar, sp + lc + w1c + ac)
     b_dtypes = (None if b1 is None else b1.dtype), (None if b2 is None else b2.dtype)
     b1, b2 = gemm_bias(b1, dtype), gemm_bias(b2, dtype)
-    out_shape = (*lead, w2.shape[0])
+    out_shape = (*inp.shape[:-1], w2.shape[0])
     out = _empty(out_shape, dtype=dtype, device=device)
     _fwd(
-        rms, spec(inp), spec(ln_w), spec(ln_b), (xq1, tp, sp if lc else 0), mu, rsigma,
+        rms, spec(src), spec(ln_w), spec(ln_b), (xq1, tp, sp if lc else 0), mu, rsigma,
         norm_config(eps, zcg), w1_fwd, spec(b1), h, fprop_config(c1, b1), kind,
         (xq2, tp + lr + w1r, sp + lc + w1c if ac else 0), w2_fwd, spec(b2),
         (out.data_ptr(), TE_DTYPE[dtype], out_shape, dev), fprop_config(c2, b2),
@@ -108,11 +136,14 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     ctx.packed = True
     ctx.saved_buf = saved
     ctx.keep = plan1[3], plan2[3]
-    ctx.ln_bwd = (1, xq1[0], xq1[1], inp.shape, dev, 0, sp) if lc else None
+    ctx.ln_bwd = (1, xq1[0], xq1[1], src.shape, dev, 0, sp) if lc else None
     ctx.a_bwd = (1, xq2[0], xq2[1], a_shape, dev, 0, sp + lc + w1c) if ac else None
     ctx.w_bwd = w1_bwd if need_dln else None, w2_bwd if need_dh else None
     ctx.h = h if need_dh else None
+    if pad:
+        mu, rsigma = real_rows_stats(mu, rsigma, rows)
     save_norm(ctx, inp, ln_w, ln_b, rms, zcg, mu, rsigma, need_dln)
+    ctx.pad = pad
     ctx.x_shape, ctx.h_shape, ctx.a_shape = inp.shape, h_shape, a_shape
     ctx.c, ctx.fuse, ctx.kind = (c1, c2), fuse_wgrad, kind
     ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
@@ -127,7 +158,9 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     need_dx, need_dlnw, need_dlnb, need_dw1, need_db1, need_dw2, need_db2 = ctx.needs_input_grad[:7]
     need_dln = need_dx or need_dlnw or need_dlnb
     need_dh = need_dln or need_dw1 or need_db1
-    if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+    if ctx.pad:
+        dy = padded_grad(dy, ctx.pad)
+    elif type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
         dy = dy.dequantize()
     if not (need_dh or need_dw2):
         db2 = column_sums(dy, ctx.b_dtypes[1]) if need_db2 else None

@@ -103,6 +103,14 @@ def pad_rows(t: torch.Tensor, count: int, zeros: bool) -> torch.Tensor:
     return torch.cat([t2, tail])
 
 
+def padded_grad(dy: torch.Tensor, count: int) -> torch.Tensor:
+    """dy of a step padded by ``count`` rows: zero rows appended (a quantized dy as its values:
+    the saved copies are padded, so dy's must be too)."""
+    if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+        dy = dy.dequantize()
+    return pad_rows(dy, count, True)
+
+
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
     """LinearFn.forward, eagerly (see the module docstring)."""
     need_dx, need_dw = inp.requires_grad, weight.requires_grad
@@ -218,10 +226,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     given_grad."""
     c = ctx.c
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    if ctx.pad:  # x's copies are padded: so is dy's (a quantized dy as its values)
-        if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
-            dy = dy.dequantize()
-        dy = pad_rows(dy, ctx.pad, True)
+    if ctx.pad:
+        dy = padded_grad(dy, ctx.pad)
     dy, g, db, parts = given_grad(dy, c, need_dx, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dx or need_dw):
         return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None
