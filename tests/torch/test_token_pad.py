@@ -100,6 +100,9 @@ def test_no_padding_without_weight_gradient(monkeypatch, module, name):
         _no_pad(monkeypatch, base)
     assert torch.equal(_step(copy.deepcopy(base), x, r, grad=False), want)
     m = copy.deepcopy(base)
+    with torch.inference_mode(), te.autocast(recipe=r):
+        assert torch.equal(m(x), want)
+    m = copy.deepcopy(base)
     for n in weights:
         getattr(m, n).requires_grad_(False)
     xu = x.clone().requires_grad_(True)
