@@ -100,3 +100,27 @@ def test_said_once_at_info(caplog, monkeypatch):
             jax.grad(lambda x: f(x, recipe.Float8CurrentScaling()).sum())(jnp.ones((n, 64), F32))
     said = [rec for rec in caplog.records if "multiple of 16" in rec.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.INFO
+
+
+@pytest.mark.parametrize("name", ["current", "block"])
+@pytest.mark.parametrize("op", ["dense", "layernorm_dense", "layernorm_mlp"])
+def test_inference_forward_makes_nothing_for_a_backward(op, name, monkeypatch):
+    """Without jax.grad (the custom_vjp's primal) the forward quantizes no column-wise copy and,
+    under per-tensor scaling, pads nothing (its GEMMs take 21 rows; cuBLASLt's 1x128 block GEMMs
+    need a multiple of 4, so block pads), with the training forward's output bit for bit."""
+    r = {"current": recipe.Float8CurrentScaling(), "block": recipe.Float8BlockScaling()}[name]
+    f = _ops()[op]
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 7, 64), F32)
+    y_train, _ = jax.vjp(lambda x: f(x, r), x)
+    seen = []
+    real = _linear.mm
+
+    def mm(a, b, **kw):
+        seen.append((a.shape[0], a.columnwise_data is None, b.data is None))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(_linear, "mm", mm)
+    y = f(x, r)
+    assert np.array_equal(np.asarray(y), np.asarray(y_train))
+    rows = 21 if name == "current" else 32
+    assert seen and all(s == (rows, True, True) for s in seen), seen

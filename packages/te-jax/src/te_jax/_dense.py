@@ -58,6 +58,9 @@ class _Static:
     x_dtype: np.dtype
     k_dtype: np.dtype
     b_dtype: np.dtype | None
+    # False: the primal (no jax.grad), an inference forward: no column-wise copies, no padding
+    # under per-tensor scaling (_token_pad)
+    train: bool = True
 
 
 def check_dense_blocks(plan: Plan, lay: Layout, x_shape, kernel_shape) -> None:
@@ -183,17 +186,17 @@ def dense(
 def _fwd_local(st: _Static, x, kernel, bias, scales, rng):
     plan, axes = st.plan, st.axes
     lead = x.shape[:-1]
-    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.k_local)))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.k_local)), st.train)
     xq, x_amax = quantize_operand(
         x2,
         plan.x,
         rowwise=True,
-        columnwise=True,
+        columnwise=st.train,
         reduce_axes=axes.rows + axes.k,
         scale=scales.get(_ROLES.x),
         rng=rng,
     )
-    y, res, amaxes = linear_fwd(plan, _ROLES, axes, xq, kernel, bias, scales, st.x_dtype, rng)
+    y, res, amaxes = linear_fwd(plan, _ROLES, axes, xq, kernel, bias, scales, st.x_dtype, rng, st.train)
     if x_amax is not None:
         amaxes[_ROLES.x] = x_amax
     return jnp.reshape(y[:m], lead + (st.n_local,)), st.layout.pack(res), amaxes
@@ -213,7 +216,7 @@ def _bwd_local(st: _Static, res, dy, scales, rng):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _dense(st, x, kernel, bias, state, rng):
-    return _dense_fwd(st, x, kernel, bias, state, rng)[0]
+    return _dense_fwd(dataclasses.replace(st, train=False), x, kernel, bias, state, rng)[0]
 
 
 def _dense_fwd(st, x, kernel, bias, state, rng):

@@ -60,6 +60,9 @@ class _Static:
     beta_dtype: np.dtype | None
     b_dtype: np.dtype | None
     return_ln: bool
+    # False: the primal (no jax.grad), an inference forward: no column-wise copies, no padding
+    # under per-tensor scaling (_token_pad)
+    train: bool = True
 
 
 def layernorm_dense(
@@ -148,11 +151,20 @@ def layernorm_dense(
 def _fwd_local(st: _Static, x, gamma, beta, kernel, bias, scales, rng):
     plan, axes = st.plan, st.axes
     lead = x.shape[:-1]
-    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)), st.train)
     lnq, ln_out, mu, rsigma, x_amax = norm_quantize(
-        x2, gamma, beta, st.norm, plan.x, axes.rows, scale=scales.get(_ROLES.x), rng=rng, hp_out=st.return_ln
+        x2,
+        gamma,
+        beta,
+        st.norm,
+        plan.x,
+        axes.rows,
+        scale=scales.get(_ROLES.x),
+        rng=rng,
+        hp_out=st.return_ln,
+        train=st.train,
     )
-    y, res, amaxes = linear_fwd(plan, _ROLES, axes, lnq, kernel, bias, scales, st.x_dtype, rng)
+    y, res, amaxes = linear_fwd(plan, _ROLES, axes, lnq, kernel, bias, scales, st.x_dtype, rng, st.train)
     if x_amax is not None:
         amaxes[_ROLES.x] = x_amax
     y = jnp.reshape(y[:m], lead + (st.n_local,))
@@ -186,6 +198,7 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _layernorm_dense(st, x, gamma, beta, kernel, bias, state, rng):
+    st = dataclasses.replace(st, train=False)
     return _layernorm_dense_fwd(st, x, gamma, beta, kernel, bias, state, rng)[0]
 
 

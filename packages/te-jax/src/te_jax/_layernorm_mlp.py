@@ -81,6 +81,9 @@ class _Static:
     b1_dtype: np.dtype | None
     b2_dtype: np.dtype | None
     return_ln: bool
+    # False: the primal (no jax.grad), an inference forward: no column-wise copies, no padding
+    # under per-tensor scaling (_token_pad)
+    train: bool = True
 
 
 def _shape(value, expected: tuple, name: str, what: str):
@@ -226,16 +229,27 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
     rng1, rng2 = _rngs(rng)
     lead = x.shape[:-1]
     width = st.a * st.f_local
-    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)))
+    x2, m = _token_pad.pad_copies(plan, jnp.reshape(x, (-1, st.h)), st.train)
     lnq, ln_out, mu, rsigma, a1 = norm_quantize(
-        x2, gamma, beta, st.norm, plan.x, st.rows, scale=scales.get(FC1.x), rng=rng1, hp_out=st.return_ln
+        x2,
+        gamma,
+        beta,
+        st.norm,
+        plan.x,
+        st.rows,
+        scale=scales.get(FC1.x),
+        rng=rng1,
+        hp_out=st.return_ln,
+        train=st.train,
     )
     b1 = None if b1 is None else jnp.reshape(b1, (width,))
     pre, res1, amaxes = linear_fwd(
-        plan, FC1, ax1, lnq, jnp.reshape(k1, (st.h, width)), b1, scales, st.x_dtype, rng1
+        plan, FC1, ax1, lnq, jnp.reshape(k1, (st.h, width)), b1, scales, st.x_dtype, rng1, st.train
     )
-    actq, a2 = act_quantize(pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2)
-    y, res2, amaxes2 = linear_fwd(plan, FC2, ax2, actq, k2, b2, scales, st.x_dtype, rng2)
+    actq, a2 = act_quantize(
+        pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2, train=st.train
+    )
+    y, res2, amaxes2 = linear_fwd(plan, FC2, ax2, actq, k2, b2, scales, st.x_dtype, rng2, st.train)
     amaxes.update(amaxes2)
     for role, a in ((FC1.x, a1), (FC2.x, a2)):
         if a is not None:
@@ -282,6 +296,7 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _layernorm_mlp(st, x, gamma, beta, k1, b1, k2, b2, state, rng):
+    st = dataclasses.replace(st, train=False)
     return _layernorm_mlp_fwd(st, x, gamma, beta, k1, b1, k2, b2, state, rng)[0]
 
 

@@ -47,16 +47,19 @@ def _fused_ok(q: Quantizer | None, reduce_axes: Axes) -> bool:
     return q is not None and q.fusable and not (q.kind == "current" and reduce_axes)
 
 
-def linear_fwd(plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, scales, out_dtype, rng=None):
+def linear_fwd(
+    plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, scales, out_dtype, rng=None, train=True
+):
     """y = x @ kernel (+ bias) from x's operand ``xq`` (quantize_operand's, both copies).
 
     Returns (y [M, N] in out_dtype, residuals (x's column-wise copy, the kernel's row-wise
-    copy), {kernel role: amax} for delayed scaling).
+    copy), {kernel role: amax} for delayed scaling). ``train`` False (an inference forward): the
+    kernel gets only the copy fprop reads, the residuals hold no data.
     """
     wq, w_amax = quantize_operand(
         kernel,
         plan.w,
-        rowwise=True,
+        rowwise=train,
         columnwise=True,
         reduce_axes=axes.k + axes.n,
         scale=scales.get(roles.kernel),
@@ -72,7 +75,7 @@ def linear_fwd(plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, sca
             xq, wq, trans_b=False, out_dtype=out_dtype, bias=bias_for(bias, out_dtype), split=plan.split_fprop
         )
     amaxes = {} if w_amax is None else {roles.kernel: w_amax}
-    return y, (keep(xq, rowwise=False), keep(wq, rowwise=True)), amaxes
+    return y, (keep(xq, rowwise=False), keep(wq, rowwise=True)) if train else None, amaxes
 
 
 def quantize_grad(plan: Plan, roles: Roles, axes: LinearAxes, dy, has_bias: bool, scales, rng=None):
@@ -114,21 +117,31 @@ def linear_bwd(plan: Plan, axes: LinearAxes, res, dyq, x_dtype, k_dtype):
 
 
 def norm_quantize(
-    x, gamma, beta, cfg, q: Quantizer | None, reduce_axes: Axes, scale=None, rng=None, hp_out=False
+    x,
+    gamma,
+    beta,
+    cfg,
+    q: Quantizer | None,
+    reduce_axes: Axes,
+    scale=None,
+    rng=None,
+    hp_out=False,
+    train=True,
 ):
     """LayerNorm/RMSNorm of x [M, H] with its output as the next GEMM's operand.
 
     Returns (operand, high-precision output or None, mu, rsigma, amax or None). te's fused
     norm + quantize kernel runs where it may (_fused_ok); otherwise the norm runs in high
     precision and quantize_operand follows. ``hp_out``: also return the high-precision output.
+    ``train`` False: the operand without its column-wise (wgrad) copy.
     """
     if hp_out or not _fused_ok(q, reduce_axes):
         y, mu, rsigma = norm_fwd(x, gamma, beta, cfg)
         op, amax = quantize_operand(
-            y, q, rowwise=True, columnwise=True, reduce_axes=reduce_axes, scale=scale, rng=rng
+            y, q, rowwise=True, columnwise=train, reduce_axes=reduce_axes, scale=scale, rng=rng
         )
         return op, (y if hp_out else None), mu, rsigma, amax
-    yq, mu, rsigma = norm_fwd(x, gamma, beta, cfg, fp8=q.fp8_out(True, True), scale=scale)
+    yq, mu, rsigma = norm_fwd(x, gamma, beta, cfg, fp8=q.fp8_out(True, train), scale=scale)
     amax = _sharding.pmax(yq.amax, reduce_axes) if q.kind == "delayed" else None
     return yq, None, mu, rsigma, amax
 
@@ -139,14 +152,15 @@ def norm_backward(dz, x, mu, rsigma, gamma, cfg, row_axes: Axes):
     return dx, _sharding.psum(dgamma, row_axes), _sharding.psum(dbeta, row_axes)
 
 
-def act_quantize(pre, kind: int, q: Quantizer | None, reduce_axes: Axes, scale=None, rng=None):
-    """(act(pre)'s operand for the next GEMM, amax or None): fused where te may (_fused_ok)."""
+def act_quantize(pre, kind: int, q: Quantizer | None, reduce_axes: Axes, scale=None, rng=None, train=True):
+    """(act(pre)'s operand for the next GEMM, amax or None): fused where te may (_fused_ok);
+    ``train`` False: without its column-wise (wgrad) copy."""
     if not _fused_ok(q, reduce_axes):
         a = act_fwd(pre, kind)
         return quantize_operand(
-            a, q, rowwise=True, columnwise=True, reduce_axes=reduce_axes, scale=scale, rng=rng
+            a, q, rowwise=True, columnwise=train, reduce_axes=reduce_axes, scale=scale, rng=rng
         )
-    aq = act_fwd(pre, kind, fp8=q.fp8_out(True, True), scale=scale)
+    aq = act_fwd(pre, kind, fp8=q.fp8_out(True, train), scale=scale)
     return aq, (_sharding.pmax(aq.amax, reduce_axes) if q.kind == "delayed" else None)
 
 

@@ -27,9 +27,14 @@ ALIGN = 16
 _told = False
 
 
-def count(plan: Plan, rows: int) -> int:
-    """How many rows pad ``rows`` to a multiple of ALIGN under ``plan`` (0: none needed)."""
+def count(plan: Plan, rows: int, train: bool = True) -> int:
+    """How many rows pad ``rows`` to a multiple of ALIGN under ``plan`` (0: none needed). Only
+    the weight-gradient GEMMs reduce over the rows: an inference forward (``train`` False) under
+    per-tensor scaling pads nothing, its GEMMs take any row count; cuBLASLt's 1x128 block-scaled
+    GEMMs need a multiple of 4, so block scaling pads always (te_torch/_token_pad.py)."""
     if plan.x is None or plan.x.kind not in FP8_RECIPE_OF_KIND:
+        return 0
+    if not train and plan.x.kind != "block":
         return 0
     return -rows % ALIGN
 
@@ -47,10 +52,11 @@ def _say_once() -> None:
         )
 
 
-def pad_copies(plan: Plan, x2):
-    """(x2 [M, K] followed by copies of its last row up to a multiple of ALIGN, M)."""
+def pad_copies(plan: Plan, x2, train: bool = True):
+    """(x2 [M, K] followed by copies of its last row up to a multiple of ALIGN, M); ``train``:
+    as count's."""
     m = x2.shape[0]
-    n = count(plan, m)
+    n = count(plan, m, train)
     if n == 0:
         return x2, m
     _say_once()
