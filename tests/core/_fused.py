@@ -32,7 +32,10 @@ def _ordinal(a: np.ndarray) -> np.ndarray:
 def assert_matches_ref(got: np.ndarray, ref64: np.ndarray, what: str, rtol=1e-6, atol=None):
     """fp32: close to the float64 reference (rtol, and atol relative to the data's magnitude).
     fp16/bf16: equal to the reference rounded to nearest even, except within 1 ulp where the fp32
-    computation sits on the other side of a rounding boundary (rare: at most 1% of elements)."""
+    computation sits on the other side of a rounding boundary (rare: at most 1% of elements).
+    The fp32 reference rounded to 16 bits is as right as te's contract (fp32 math, one rounding)
+    can be: where the float64 value lies just past a 16-bit tie, its fp32 rounding is the tie,
+    which rounds to even. ml_dtypes < 0.7 rounded float64 through fp32 itself and hid these."""
     ref64 = np.asarray(ref64, np.float64).reshape(got.shape)
     if got.dtype == np.float32:
         scale = float(np.max(np.abs(ref64))) if ref64.size else 0.0
@@ -51,7 +54,8 @@ def assert_matches_ref(got: np.ndarray, ref64: np.ndarray, what: str, rtol=1e-6,
         f"{got.reshape(-1)[bad.reshape(-1)][:3].astype(np.float32).tolist()}, want "
         f"{ref64.reshape(-1)[bad.reshape(-1)][:3].tolist()}"
     )
-    off = (d >= 1) & ~fp32_close
+    via32 = ref64.astype(np.float32).astype(got.dtype)
+    off = (d >= 1) & ~fp32_close & (_ordinal(got) != _ordinal(via32))
     assert off.sum() <= max(1, got.size // 100), f"{what}: {int(off.sum())} off by 1 ulp"
 
 
