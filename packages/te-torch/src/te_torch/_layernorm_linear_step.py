@@ -37,13 +37,12 @@ from te_torch._linear_step import (
     given_grad,
     grad_copies,
     mark_main_grad,
-    pad_rows,
     padded_grad,
     weight_operands,
     weight_plan,
     wgrad_target,
 )
-from te_torch._token_pad import ALIGN, say_once
+from te_torch._token_pad import step_source
 
 _U8, _F32 = torch.uint8, TE_DTYPE[torch.float32]
 _empty = torch.empty
@@ -114,19 +113,13 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     dev = inp.get_device()
     device = inp.device
     xq = c.x_q[3]._flat()
-    lr, lc = packed(xq[0], xq[1], inp.shape)
+    src, pad = step_source(inp, c.per_tensor, need_dw)
+    lr, lc = packed(xq[0], xq[1], src.shape)
     if not need_dw:
         lc = 0
     plan = weight_plan(c, weight, first, need_dln)
     _, wr, wc, keep = plan
     rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
-    # grad mode is off here: need_dw (the module detached the weight under no_grad) decides
-    pad = -rows % ALIGN if c.per_tensor and need_dw else 0
-    src = inp
-    if pad:
-        say_once()
-        src = pad_rows(inp, pad, False)
-        lr, lc = packed(xq[0], xq[1], src.shape)
     sn = stats_bytes(rows + pad, rms)
     tmp = _empty(lr + wr + (0 if need_dln else sn), dtype=_U8, device=device)
     tp = tmp.data_ptr()

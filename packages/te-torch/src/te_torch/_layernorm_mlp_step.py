@@ -47,14 +47,13 @@ from te_torch._linear_step import (
     gemm_bias,
     grad_copies,
     mark_main_grad,
-    pad_rows,
     padded_grad,
     weight_operands,
     weight_plan,
     wgrad_target,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
-from te_torch._token_pad import ALIGN, say_once
+from te_torch._token_pad import step_source
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -89,12 +88,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     device = inp.device
     dtype = inp.dtype
     rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
-    # grad mode is off here: need_dw1 / need_dw2 (the module detached them under no_grad) decide
-    pad = -rows % ALIGN if c1.per_tensor and (need_dw1 or need_dw2) else 0
-    src = inp
-    if pad:
-        say_once()
-        src = pad_rows(inp, pad, False)
+    src, pad = step_source(inp, c1.per_tensor, need_dw1 or need_dw2)
     lead = src.shape[:-1]
     h_shape = torch.Size((*lead, w1.shape[0]))
     a_shape = activation_out_shape(h_shape, kind)

@@ -30,7 +30,7 @@ from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import QuantizedTensor
-from te_torch._token_pad import ALIGN, say_once
+from te_torch._token_pad import pad_rows, step_source
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -96,13 +96,6 @@ def _split(flag) -> int:
     return -1 if flag is None else int(bool(flag))
 
 
-def pad_rows(t: torch.Tensor, count: int, zeros: bool) -> torch.Tensor:
-    """``t`` as [rows + count, last dim]: then ``count`` copies of its last row, or zero rows."""
-    t2 = t.reshape(-1, t.shape[-1])
-    tail = t2.new_zeros(count, t2.shape[1]) if zeros else t2[-1:].expand(count, -1)
-    return torch.cat([t2, tail])
-
-
 def padded_grad(dy: torch.Tensor, count: int) -> torch.Tensor:
     """dy of a step padded by ``count`` rows: zero rows appended (a quantized dy as its values:
     the saved copies are padded, so dy's must be too)."""
@@ -120,12 +113,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     device = inp.device
     stream = _raw_stream(dev) if dev >= 0 else 0
     xq = c.x_q[3]._flat()
-    # here grad mode is off: need_dw (the module detached the weight under no_grad) decides
-    pad = -(inp.numel() // inp.shape[-1]) % ALIGN if c.per_tensor and need_dw else 0
-    src = inp
-    if pad:
-        say_once()
-        src = pad_rows(inp, pad, False)
+    src, pad = step_source(inp, c.per_tensor, need_dw)
     xr, xc = packed(xq[0], xq[1], src.shape)
     if not need_dw:
         xc = 0

@@ -45,6 +45,25 @@ def pad_count(inp: torch.Tensor, *weights: torch.Tensor, any_rows: bool = False)
     return count
 
 
+def pad_rows(t: torch.Tensor, count: int, zeros: bool) -> torch.Tensor:
+    """``t`` as [rows + count, last dim]: then ``count`` copies of its last row, or zero rows."""
+    t2 = t.reshape(-1, t.shape[-1])
+    tail = t2.new_zeros(count, t2.shape[1]) if zeros else t2[-1:].expand(count, -1)
+    return torch.cat([t2, tail])
+
+
+def step_source(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> tuple[torch.Tensor, int]:
+    """(source, count) of a fused step that pads inside: ``inp`` with its last row copied up to a
+    multiple of ALIGN rows when a per-tensor weight gradient reduces over them, else ``inp`` and
+    0. Called inside a Function's forward, where grad mode is off: ``need_wgrad`` decides (the
+    modules detach their weights under no_grad)."""
+    count = -(inp.numel() // inp.shape[-1]) % ALIGN if per_tensor and need_wgrad and inp.shape[-1] else 0
+    if not count:
+        return inp, 0
+    say_once()
+    return pad_rows(inp, count, False), count
+
+
 def say_once() -> None:
     """Logs, once per process, at INFO, that a token count is being padded."""
     global _told
@@ -61,8 +80,7 @@ def say_once() -> None:
 def pad(inp: torch.Tensor, count: int) -> torch.Tensor:
     """``inp`` as [rows + count, K]: its rows, then ``count`` copies of the last one."""
     say_once()
-    x = inp.reshape(-1, inp.shape[-1])
-    return (PadRows.apply if wrapper_needed() else _PAD_APPLY)(x, count)
+    return (PadRows.apply if wrapper_needed() else _PAD_APPLY)(inp.reshape(-1, inp.shape[-1]), count)
 
 
 class PadRows(torch.autograd.Function):
@@ -77,7 +95,7 @@ class PadRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, count: int) -> torch.Tensor:
         ctx.rows = x.shape[0]
-        return torch.cat([x, x[-1:].expand(count, -1)])
+        return pad_rows(x, count, False)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
