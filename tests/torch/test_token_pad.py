@@ -124,3 +124,40 @@ def test_eager_steps_pad_inside(module, name):
     assert y.shape == (3, 7, 48 if module != "LayerNormMLP" else 64) and y._base is None
     y.mul_(2).sum().backward()
     assert x.grad.shape == x.shape and all(p.grad is not None for p in m.parameters())
+
+
+# The modules' autograd Functions (the class each module's forward applies).
+FUNCTIONS = {
+    "Linear": ("te_torch._linear", "LinearFn", "_LINEAR_APPLY"),
+    "LayerNormLinear": ("te_torch._layernorm_linear", "LayerNormLinearFn", "_APPLY"),
+    "LayerNormMLP": ("te_torch._layernorm_mlp", "LayerNormMLPFn", "_APPLY"),
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("module", list(MODULES))
+def test_inference_runs_the_step_without_autograd(monkeypatch, module, name):
+    """Under no_grad / inference_mode the eager steps are called directly, not through their
+    autograd Function (whose apply, detaches and ctx fields cost a decoding step about a third of
+    its host time), with the training forward's outputs; with grad on the Function runs."""
+    make, _ = MODULES[module]
+    r = RECIPES[name]()
+    torch.manual_seed(0)
+    base = make()
+    x = torch.randn(3, 7, 64)
+    with te.autocast(recipe=r):
+        want = copy.deepcopy(base)(x.clone().requires_grad_(True)).detach()  # the Function's
+    path, fn, raw = FUNCTIONS[module]
+    mod = sys.modules[path]
+
+    def refuse(*_):
+        raise AssertionError("an autograd Function ran")
+
+    monkeypatch.setattr(mod, raw, refuse)
+    monkeypatch.setattr(getattr(mod, fn), "apply", refuse)
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx(), te.autocast(recipe=r):
+            y = copy.deepcopy(base)(x)
+        assert torch.equal(y, want) and not y.requires_grad
+    with te.autocast(recipe=r), pytest.raises(AssertionError, match="autograd Function ran"):
+        base(x.requires_grad_(True))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from te_torch import _autocast
+from te_torch import _autocast, _layernorm_linear_step
 from te_torch._availability import default_device
 from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._fp8_io import check_flags, io_quantizers
@@ -173,24 +173,33 @@ class LayerNormLinear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("LayerNormLinear", c.recipe, c.block, inp, self._features)
+            eager = c.packed_ok and not self.return_layernorm_output and is_eager(inp)
             x = inp
-            if not torch.is_grad_enabled():
+            grad = torch.is_grad_enabled()
+            if not (grad or eager):
                 x, ln_w, ln_b, weight, gemm_bias = detached(inp, ln_w, ln_b, weight, gemm_bias)
             n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
-            if n_pad and c.per_tensor and c.packed_ok and not self.return_layernorm_output and is_eager(inp):
+            if n_pad and c.per_tensor and eager:
                 n_pad = 0  # the eager per-tensor step pads inside (_layernorm_linear_step)
-            apply = LayerNormLinearFn.apply if wrapper_needed() else _APPLY
-            res = apply(
-                pad(x, n_pad) if n_pad else x,
-                ln_w,
-                ln_b,
-                weight,
-                gemm_bias,
-                c,
-                is_first_microbatch,
-                self.fuse_wgrad_accumulation,
-                (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, None, None),
-            )
+            x = pad(x, n_pad) if n_pad else x
+            if grad or not eager:
+                apply = LayerNormLinearFn.apply if wrapper_needed() else _APPLY
+                res = apply(
+                    x,
+                    ln_w,
+                    ln_b,
+                    weight,
+                    gemm_bias,
+                    c,
+                    is_first_microbatch,
+                    self.fuse_wgrad_accumulation,
+                    (self._rms, self.eps, self.zero_centered_gamma, self.return_layernorm_output, None, None),
+                )
+            else:  # no_grad: the step alone (_layernorm_linear_step.forward's ctx None)
+                norm_cfg = (self._rms, self.eps, self.zero_centered_gamma)
+                res = _layernorm_linear_step.forward(
+                    None, x, ln_w, ln_b, weight, gemm_bias, c, is_first_microbatch, False, norm_cfg
+                )
             out, ln_out = res if self.return_layernorm_output else (res, None)
             if n_pad:
                 out = unpad(out, inp.shape[:-1])

@@ -105,10 +105,13 @@ def save_norm(ctx, inp, ln_w, ln_b, rms: bool, zcg: bool, mu, rsigma, need_dln: 
 
 def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm: tuple):
     """LayerNormLinearFn.forward, eagerly (see the module docstring); ``norm`` = (rms, eps,
-    zero_centered_gamma)."""
+    zero_centered_gamma). With ``ctx`` None, the module's forward under torch.no_grad(), called
+    without an autograd Function (as _linear_step.forward)."""
     rms, eps, zcg = norm
-    need_dln = inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
-    need_dw = weight.requires_grad
+    need_dln = ctx is not None and (
+        inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
+    )
+    need_dw = ctx is not None and weight.requires_grad
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
     device = inp.device
@@ -139,6 +142,8 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
         norm_config(eps, zcg), w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
         fprop_config(c, bias), _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
+    if ctx is None:
+        return out
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
     ctx.ln_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if lc else None

@@ -197,28 +197,24 @@ class LayerNormMLP(QuantizedModule):
                 _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
             elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
+            ret_ln = self.return_layernorm_output
+            grad = torch.is_grad_enabled()
+            direct = not grad and _layernorm_mlp_step.eager(c1, c2, ret_ln, inp)
             x = inp
-            if not torch.is_grad_enabled():
+            if not (grad or direct):
                 x, ln_w, ln_b, w1, b1, w2, gemm_b2 = detached(inp, ln_w, ln_b, w1, b1, w2, gemm_b2)
             n_pad = 0 if c1.block else pad_count(inp, w1, w2, any_rows=c1.per_tensor)
-            ret_ln = self.return_layernorm_output
             if n_pad and c1.per_tensor and _layernorm_mlp_step.runs(c1, c2, ret_ln, x, ln_w, ln_b, w1, b1):
                 n_pad = 0  # the fused step pads inside
-            apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
-            res = apply(
-                pad(x, n_pad) if n_pad else x,
-                ln_w,
-                ln_b,
-                w1,
-                b1,
-                w2,
-                gemm_b2,
-                c1,
-                c2,
-                is_first_microbatch,
-                fuse,
-                (self._rms, self.eps, self.zero_centered_gamma, self._kind, self.return_layernorm_output),
-            )
+            x = pad(x, n_pad) if n_pad else x
+            cfg = (self._rms, self.eps, self.zero_centered_gamma, self._kind, ret_ln)
+            if direct:  # _layernorm_mlp_step.forward's ctx None
+                res = _layernorm_mlp_step.forward(
+                    None, x, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, False, cfg
+                )
+            else:
+                apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
+                res = apply(x, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, fuse, cfg)
             out, ln_out = res if self.return_layernorm_output else (res, None)
             if n_pad:
                 out = unpad(out, inp.shape[:-1])

@@ -69,20 +69,26 @@ def takes(inp, ln_w, ln_b, w1, b1) -> bool:
     return ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
 
 
+def eager(c1, c2, return_ln: bool, inp) -> bool:
+    """Whether the fused step can run this call at all (then it does under torch.no_grad())."""
+    return c1.packed_ok and c2.packed_ok and not return_ln and is_eager(inp)
+
+
 def runs(c1, c2, return_ln: bool, inp, ln_w, ln_b, w1, b1) -> bool:
     """Whether LayerNormMLPFn runs this call as the fused step (which pads odd token counts
     itself; the module pads for the op-by-op path)."""
-    if not (c1.packed_ok and c2.packed_ok) or return_ln or not is_eager(inp):
-        return False
-    return takes(inp, ln_w, ln_b, w1, b1)
+    return eager(c1, c2, return_ln, inp) and takes(inp, ln_w, ln_b, w1, b1)
 
 
 def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
-    """LayerNormMLPFn.forward, eagerly (see the module docstring)."""
+    """LayerNormMLPFn.forward, eagerly (see the module docstring). With ``ctx`` None, the
+    module's forward under torch.no_grad(), called without an autograd Function (as
+    _linear_step.forward)."""
     rms, eps, zcg, kind, _ = cfg
-    need_dln = inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad)
-    need_dw1, need_dw2 = w1.requires_grad, w2.requires_grad
-    need_dh = need_dln or need_dw1 or (b1 is not None and b1.requires_grad)
+    grad = ctx is not None
+    need_dln = grad and (inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad))
+    need_dw1, need_dw2 = grad and w1.requires_grad, grad and w2.requires_grad
+    need_dh = need_dln or need_dw1 or (grad and b1 is not None and b1.requires_grad)
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
     device = inp.device
@@ -127,6 +133,8 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
         (out.data_ptr(), TE_DTYPE[dtype], out_shape, dev), fprop_config(c2, b2),
         _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
+    if ctx is None:
+        return out
     ctx.packed = True
     ctx.saved_buf = saved
     ctx.keep = plan1[3], plan2[3]

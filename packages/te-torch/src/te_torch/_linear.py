@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from te_torch import _autocast
+from te_torch import _autocast, _linear_step
 from te_torch._availability import default_device
 from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._fp8_io import check_flags, io_quantizers
@@ -212,15 +212,20 @@ class Linear(SingleGemmModule):
                 _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
             elif c.block:
                 check_dims("Linear", c.recipe, c.block, inp, self._features)
+            eager = c.packed_ok and is_eager(inp)
             x = inp
-            if not torch.is_grad_enabled():
+            grad = torch.is_grad_enabled()
+            if not (grad or eager):
                 x, weight, gemm_bias = detached(inp, weight, gemm_bias)
             n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
-            if n_pad and c.per_tensor and c.packed_ok and is_eager(inp):
+            if n_pad and c.per_tensor and eager:
                 n_pad = 0  # the eager per-tensor step pads inside, with no output slice (_linear_step)
             x = pad(x, n_pad) if n_pad else x
-            apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
-            out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
+            if grad or not eager:
+                apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
+                out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
+            else:
+                out = _linear_step.forward(None, x, weight, gemm_bias, c, is_first_microbatch, False)
             if n_pad:
                 out = unpad(out, inp.shape[:-1])
         else:

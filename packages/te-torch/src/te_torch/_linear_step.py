@@ -105,8 +105,11 @@ def padded_grad(dy: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
-    """LinearFn.forward, eagerly (see the module docstring)."""
-    need_dx, need_dw = inp.requires_grad, weight.requires_grad
+    """LinearFn.forward, eagerly (see the module docstring). With ``ctx`` None it is the module's
+    whole forward under torch.no_grad(), called without an autograd Function: it keeps nothing
+    for a backward (on the H200 host Function.apply, the detaches and the ctx fields it needs
+    cost a 15-token inference forward about a third of its host time)."""
+    need_dx, need_dw = (inp.requires_grad, weight.requires_grad) if ctx is not None else (False, False)
     if not inp.is_contiguous():
         inp = inp.contiguous()
     dev = inp.get_device()
@@ -136,6 +139,8 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         fprop_config(c, bias), stream,
     )  # fmt: skip
     give_tmp(dev, stream, tmp)
+    if ctx is None:
+        return out
     ctx.packed = True
     ctx.saved_buf, ctx.keep = saved, keep
     ctx.x_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if xc else None
