@@ -30,6 +30,12 @@ from _refs import (
 from te_jax import recipe
 
 TIGHT = 1e-5
+# The emulation's GEMMs (jnp.matmul) round differently from te's scaled FP8 GEMM in the last fp32
+# bit, and a 1-ulp change in a value that current scaling then quantizes to E4M3 can flip that
+# element's rounding (1/16 of it): the few flips in dpre of current_e4m3's case move the gradients
+# upstream of it by ~2.5e-4 of their norm. Recipes with E4M3 current-scaled gradients get room
+# for that, no more (a wrong scale or layout is >= 1e-2).
+FLIP_TOLERANT = {"current_e4m3": 2e-3}
 GRADS = ("dx", "dgamma", "dbeta", "dkernel_1", "dbias_1", "dkernel_2", "dbias_2")
 
 
@@ -98,8 +104,9 @@ def test_mlp_recipes(name, acts):
     scales = te_jax.init_recipe_state(r, "layernorm_mlp")
     ey, egrads = emulated_mlp(*args, dy, r, acts, scales=scales)
     assert rel(y, ey) <= TIGHT, rel(y, ey)
+    tight = FLIP_TOLERANT.get(name, TIGHT)
     for gname, a, e in zip(GRADS, grads, egrads, strict=True):
-        assert rel(a, e) <= TIGHT, (gname, rel(a, e))
+        assert rel(a, e) <= tight, (gname, rel(a, e))
     y_ref, vjp_ref = jax.vjp(lambda *a: mlp_ref(*a, acts), *args)
     loose = LOOSE.get(name, LOOSE_DEFAULT)
     assert rel(y, y_ref) <= loose, rel(y, y_ref)

@@ -25,8 +25,13 @@ float div_1p(float x, float e) {
 float sigmoid(float x) { return div_1p(1.0f, std::exp(-x)); }
 
 // GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
-// x sigmoid(2u) (the same function; one exp, no cancellation for x << 0): this is 2u.
-float gelu_2u(float x) { return x * std::fma(0.071354816f * x, x, 1.5957691f); }
+// x sigmoid(2u) (the same function; one exp, no cancellation for x << 0), with
+// sigmoid(2u) = 1 / (1 + 2^t) and t = -log2(e) 2u = x (kGeluT0 + kGeluT1 x^2): CUDA's formula
+// (cuda/activation.cuh, whose exponential is base 2), so only the exponential and the divide
+// differ between the backends.
+constexpr float kGeluT0 = -2.30220819f;   // -log2(e) * 2 sqrt(2/pi)
+constexpr float kGeluT1 = -0.102943242f;  // -log2(e) * 2 sqrt(2/pi) * 0.044715
+float gelu_exp(float x, float x2) { return std::exp2(x * std::fma(kGeluT1, x2, kGeluT0)); }
 
 // s (1 - s) as s - s^2 in one rounding (std::fma, as CUDA's __fmaf_rn: the two backends fuse the
 // same products, so only the exponential and the divide differ).
@@ -52,7 +57,7 @@ bool is_gated(int32_t activation) { return activation >= TE_ACTIVATION_GEGLU; }
 float act(int32_t kind, float x) {
   switch (kind) {
     case TE_ACTIVATION_GELU:
-      return div_1p(x, std::exp(-gelu_2u(x)));
+      return x * div_1p(1.0f, gelu_exp(x, x * x));
     case TE_ACTIVATION_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x);
     case TE_ACTIVATION_SILU: return x * sigmoid(x);
     case TE_ACTIVATION_QGELU: return x * sigmoid(1.702f * x);
@@ -63,9 +68,10 @@ float act(int32_t kind, float x) {
 
 float dact(int32_t kind, float x) {
   switch (kind) {
-    case TE_ACTIVATION_GELU: {
-      const float s = sigmoid(gelu_2u(x));
-      return std::fma(x * dsigmoid_of(s), std::fma(0.21406445f * x, x, 1.5957691f), s);
+    case TE_ACTIVATION_GELU: {  // s + x s (1 - s) d(2u)/dx
+      const float x2 = x * x;
+      const float s = div_1p(1.0f, gelu_exp(x, x2));
+      return std::fma(x * dsigmoid_of(s), std::fma(0.21406445f, x2, 1.5957691f), s);
     }
     case TE_ACTIVATION_RELU: return x > 0.0f ? 1.0f : (x == x ? 0.0f : x);
     case TE_ACTIVATION_SILU: return std::fma(x, dsigmoid(x), sigmoid(x));

@@ -32,33 +32,42 @@ namespace activation {
 // The activation of a plain kind, and of a gated kind's first half (GLU's is the sigmoid).
 enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid };
 
-// __expf(x): ex2.approx of x * log2(e) rounded to fp32, here with ftz. __expf's non-ftz form
-// guards results below 2^-126 (3 more instructions per call, ncu / SASS: NOTES.md); every use
-// below feeds 1 + e^x, to which such a result adds nothing, so the bits are __expf's.
-__device__ __forceinline__ float exp_sfu(float x) {
+// 2^t: ex2.approx with ftz. Its non-ftz form guards results below 2^-126 (3 more instructions
+// per call, ncu / SASS: NOTES.md); every use below feeds 1 + 2^t, to which such a result adds
+// nothing.
+__device__ __forceinline__ float exp2_sfu(float t) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269502f)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(t));
   return y;
 }
 
-// x * (1 / d) for d = 1 + e^z >= 1 (or NaN): __fdividef(x, d)'s reciprocal (rcp.approx) without
-// its guard for a denormal d, which d >= 1 never is (4 instructions per call). A reciprocal
-// below 2^-126 (d > 2^126) is 0 in both; the CPU reference's div_1p does the same.
-__device__ __forceinline__ float div_1p(float x, float d) {
+// __expf(x): 2^t at t = x * log2(e) rounded to fp32, so the bits are __expf's.
+__device__ __forceinline__ float exp_sfu(float x) { return exp2_sfu(__fmul_rn(x, 1.44269502f)); }
+
+// 1 / d for d = 1 + e^z >= 1 (or NaN): __fdividef's reciprocal (rcp.approx) without its guard
+// for a denormal d, which d >= 1 never is. A reciprocal below 2^-126 (d > 2^126) is 0; the CPU
+// reference's div_1p does the same.
+__device__ __forceinline__ float rcp_1p(float d) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  return __fmul_rn(x, r);
+  return r;
 }
 
-// 1 / (1 + e^-x).
-__device__ __forceinline__ float sigmoid(float x) {
-  return div_1p(1.0f, __fadd_rn(1.0f, exp_sfu(-x)));
-}
+// x / d for the same d (__fdividef(x, d) without the guard: 4 instructions fewer per call).
+__device__ __forceinline__ float div_1p(float x, float d) { return __fmul_rn(x, rcp_1p(d)); }
 
-// 2u for GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3): the
-// forms below use 0.5 (1 + tanh(u)) = sigmoid(2u), which also has no cancellation for x << 0.
-__device__ __forceinline__ float gelu_2u(float x) {
-  return __fmul_rn(x, __fmaf_rn(__fmul_rn(0.071354816f, x), x, 1.5957691f));
+// 1 / (1 + e^-x): the reciprocal itself, not 1 * reciprocal (ptxas keeps an explicit
+// round-to-nearest multiply by 1: one instruction per element in SASS, NOTES.md).
+__device__ __forceinline__ float sigmoid(float x) { return rcp_1p(__fadd_rn(1.0f, exp_sfu(-x))); }
+
+// GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as
+// x sigmoid(2u) (the same function; one exponential, no cancellation for x << 0), with
+// sigmoid(2u) = 1 / (1 + 2^t) and t = -log2(e) 2u = x (kGeluT0 + kGeluT1 x^2): the constants
+// carry the -log2(e), so no multiply scales the exponent (one instruction per element fewer).
+constexpr float kGeluT0 = -2.30220819f;   // -log2(e) * 2 sqrt(2/pi)
+constexpr float kGeluT1 = -0.102943242f;  // -log2(e) * 2 sqrt(2/pi) * 0.044715
+__device__ __forceinline__ float gelu_sigmoid_of(float x, float x2) {
+  return rcp_1p(__fadd_rn(1.0f, exp2_sfu(__fmul_rn(x, __fmaf_rn(kGeluT1, x2, kGeluT0)))));
 }
 
 // s (1 - s) from s = sigmoid(x), as s - s^2 in one rounding.
@@ -72,7 +81,7 @@ __device__ __forceinline__ float relu_or(float x, float positive) {
 template <int kBase>
 __device__ __forceinline__ float act(float x) {
   if constexpr (kBase == kGelu) {
-    return div_1p(x, __fadd_rn(1.0f, exp_sfu(-gelu_2u(x))));
+    return __fmul_rn(x, gelu_sigmoid_of(x, __fmul_rn(x, x)));
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, x);
   } else if constexpr (kBase == kSilu) {
@@ -89,9 +98,10 @@ __device__ __forceinline__ float act(float x) {
 template <int kBase>
 __device__ __forceinline__ float dact(float x) {
   if constexpr (kBase == kGelu) {
-    // s + x s (1 - s) d(2u)/dx
-    const float s = sigmoid(gelu_2u(x));
-    const float d2u = __fmaf_rn(__fmul_rn(0.21406445f, x), x, 1.5957691f);
+    // s + x s (1 - s) d(2u)/dx, x^2 shared by 2u and its derivative
+    const float x2 = __fmul_rn(x, x);
+    const float s = gelu_sigmoid_of(x, x2);
+    const float d2u = __fmaf_rn(0.21406445f, x2, 1.5957691f);
     return __fmaf_rn(__fmul_rn(x, dsigmoid_of(s)), d2u, s);
   } else if constexpr (kBase == kRelu) {
     return relu_or(x, 1.0f);

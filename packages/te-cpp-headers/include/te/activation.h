@@ -5,8 +5,9 @@
  * (sigmoid(x) = 1 / (1 + expf(-x)); the sigmoid forms' quotients x / (1 + e) are +-0 where
  * 1 + e > 2^126, i.e. where the exact quotient is below |x| 2^-126):
  *   GELU   the tanh approximation 0.5 x (1 + tanh(u)), u = 0.79788456 (x + 0.044715 x^3),
- *          evaluated as x * sigmoid(2u) = x / (1 + expf(-x * (1.5957691 + 0.071354816 x^2)))
- *          (the same function with one exponential, and no cancellation for x << 0);
+ *          evaluated as x * sigmoid(2u) = x * (1 / (1 + exp2f(t))),
+ *          t = x * (-2.30220819 - 0.102943242 x^2) = -log2(e) 2u (the same function with one
+ *          exponential, and no cancellation for x << 0);
  *          GELU' = s + x * s * (1 - s) * (1.5957691 + 0.21406445 x^2), s = sigmoid(2u)
  *   RELU   max(x, 0), NaN stays NaN          SRELU  relu(x)^2
  *   SILU   x * sigmoid(x)                    QGELU  x * sigmoid(1.702 x)
