@@ -49,9 +49,8 @@ void norm_fwd(const NormFwdArgs& args, void* /*stream*/) {
     const float rsigma = 1.0f / std::sqrt(var + args.eps);
     for (int64_t c = 0; c < cols; ++c) {
       const float xhat = (load_as_float(args.input, args.in_dtype, base + c) - mu) * rsigma;
-      float v = xhat * g[c];
-      if (args.beta) v = v + load_as_float(args.beta, args.beta_dtype, c);
-      y[base + c] = v;
+      y[base + c] =
+          args.beta ? std::fma(xhat, g[c], load_as_float(args.beta, args.beta_dtype, c)) : xhat * g[c];
     }
     if (args.mu) args.mu[r] = mu;
     if (args.rsigma) args.rsigma[r] = rsigma;
@@ -81,8 +80,9 @@ void norm_bwd(const NormBwdArgs& args, void* /*stream*/) {
     }
     const float mean_dxhat = args.rms ? 0.0f : sum_dxhat / n;
     const float mean_dxhat_xhat = sum_dxhat_xhat / n;
+    const float k1 = -(rsigma * mean_dxhat_xhat);
     for (int64_t c = 0; c < cols; ++c) {
-      float dx = rsigma * (dxhat[c] - mean_dxhat - xhat[c] * mean_dxhat_xhat);
+      float dx = std::fma(xhat[c], k1, rsigma * (dxhat[c] - mean_dxhat));
       if (args.add) dx = dx + load_as_float(args.add, args.add_dtype, base + c);
       store_from_float(args.dx, args.dx_dtype, base + c, dx);
     }

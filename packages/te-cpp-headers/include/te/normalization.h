@@ -9,8 +9,9 @@
  *   rsigma = 1.0f / sqrtf(var + eps)  (correctly rounded sqrt, then a correctly rounded divide;
  *                                      NOT rsqrtf: the CUDA kernel must use __fsqrt_rn/__fdiv_rn)
  *   g = gamma, or 1 + gamma with zero_centered_gamma (the fp32 sum)
- *   y = ((x - mu) * rsigma) * g + beta   (RMSNorm: (x * rsigma) * g), evaluated in this order,
- *                                        without fused multiply-add
+ *   xhat = (x - mu) * rsigma            (RMSNorm: x * rsigma)
+ *   y = fmaf(xhat, g, beta)              (without beta: xhat * g)
+ *   evaluated in this order, each operation rounded once (fmaf: one rounding of xhat * g + beta)
  *
  * Sums run over the row in index order in fp32 on the CPU; the CUDA backend reduces in another
  * order, so mu, rsigma and y agree to fp32 rounding, not bit for bit. The output is a
@@ -24,6 +25,9 @@
  * dy = dz and dxhat = dy * g:
  *   LayerNorm  dx = rsigma * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
  *   RMSNorm    dx = rsigma * (dxhat - xhat * mean(dxhat * xhat))   (+ add, for _bwd_add)
+ * evaluated as dx = fmaf(xhat, k1, rsigma * (dxhat - mean(dxhat))) with the row's k1 =
+ * -(rsigma * mean(dxhat * xhat)) (RMSNorm: mean(dxhat) taken as 0), so that dxhat - mean(dxhat)
+ * cancels exactly where a row's dxhat are equal;
  *   dgamma = sum over rows of dy * xhat;  dbeta = sum over rows of dy
  * dgamma and dbeta are reduced over rows in fp32 in a fixed order (deterministic run to run), then
  * rounded to their dtype. With zero_centered_gamma the gradient is with respect to the stored
