@@ -80,7 +80,10 @@ def say_once() -> None:
 def pad(inp: torch.Tensor, count: int) -> torch.Tensor:
     """``inp`` as [rows + count, K]: its rows, then ``count`` copies of the last one."""
     say_once()
-    return (PadRows.apply if wrapper_needed() else _PAD_APPLY)(inp.reshape(-1, inp.shape[-1]), count)
+    x2 = inp.reshape(-1, inp.shape[-1])
+    if not torch.is_grad_enabled():  # nothing records a graph: the Function's apply is host time only
+        return pad_rows(x2, count, False)
+    return (PadRows.apply if wrapper_needed() else _PAD_APPLY)(x2, count)
 
 
 class PadRows(torch.autograd.Function):
