@@ -2,9 +2,8 @@
 // the reference). Per row, with xhat = (x - mu) * rsigma recomputed as in the forward and
 // dxhat = dz * g: the row sums of dxhat and dxhat * xhat, then
 // dx = rsigma * ((dxhat - mean(dxhat)) - xhat * mean(dxhat * xhat)) (RMSNorm: no mean(dxhat)) as
-// fmaf(rsigma, dxhat, fmaf(xhat, k1, k0)) with the row's k1 = -(rsigma * mean(dxhat * xhat)) and
-// k0 = -(rsigma * mean(dxhat)), plus `add` in fp32 for te_rmsnorm_bwd_add, rounded once into dx's
-// dtype.
+// fmaf(xhat, k1, rsigma * (dxhat - mean(dxhat))) with the row's k1 = -(rsigma * mean(dxhat * xhat)),
+// plus `add` in fp32 for te_rmsnorm_bwd_add, rounded once into dx's dtype.
 //
 // dgamma = sum over rows of dz * xhat and dbeta = sum of dz are deterministic: every CTA sums a
 // fixed, contiguous range of rows into its own fp32 partial row of a scratch [ctas, H] buffer (in
