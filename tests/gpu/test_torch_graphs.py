@@ -10,7 +10,9 @@ module's Python forward does not run)."""
 from __future__ import annotations
 
 import copy
+import gc
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,57 @@ def test_manual_capture_after_eager_steps_replays_the_eager_step():
         want = _step(twin, x, dy, r)
         assert torch.equal(static_y, want[0])
         assert all(torch.equal(a, b) for a, b in zip(delayed_states(m), delayed_states(twin), strict=True))
+
+
+def test_a_dropped_graphed_module_is_not_collected_inside_the_next_capture():
+    """A dropped graphed module is garbage only to the cyclic collector, and a collection that
+    frees its CUDA graphs inside another capture invalidates that capture. With a threshold of 1
+    the collector would run at nearly every allocation of the warmup and capture:
+    te.make_graphed_callables must collect the garbage first, run no collection while capturing,
+    and leave the collector as it found it."""
+    sample = torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True)
+    during_capture = []
+
+    def watch(phase, info):
+        if phase == "start" and torch.cuda.is_current_stream_capturing():
+            during_capture.append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.disable()  # the dropped module survives until make_graphed_callables
+    try:
+        dropped = te.Linear(256, 384, params_dtype=BF16, device=CUDA)
+        te.make_graphed_callables(dropped, (sample,), enabled=True, recipe=RECIPES["delayed"])
+        gone = weakref.ref(dropped)
+        del dropped
+        assert gone() is not None  # cyclic garbage holding CUDA graphs
+        torch.manual_seed(4)
+        m = te.Linear(256, 384, params_dtype=BF16, device=CUDA)
+        twin = copy.deepcopy(m)
+        gc.set_threshold(1)
+        gc.enable()
+        gc.callbacks.append(watch)
+        try:
+            g = te.make_graphed_callables(m, (sample,), enabled=True, recipe=RECIPES["delayed"])
+        finally:
+            gc.callbacks.remove(watch)
+            gc.set_threshold(*threshold)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+    assert gone() is None
+    assert not during_capture
+    for _ in range(2):
+        x = torch.randn(64, 256, device=CUDA, dtype=BF16)
+        dy = torch.randn(64, 384, device=CUDA, dtype=BF16)
+        got, want = _graphed_step(g, x, dy), _step(twin, x, dy, RECIPES["delayed"])
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_make_graphed_callables_leaves_a_disabled_collector_disabled():
+    gc.disable()
+    try:
+        m = te.Linear(256, 384, params_dtype=BF16, device=CUDA)
+        te.make_graphed_callables(m, (torch.randn(64, 256, device=CUDA, dtype=BF16, requires_grad=True),))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
