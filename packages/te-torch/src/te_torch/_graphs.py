@@ -26,6 +26,7 @@ Decisions (the TE issues they answer are in docs/graphs.rst):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import warnings
@@ -222,23 +223,21 @@ class _Undo:
                 p.main_grad.copy_(saved)
 
 
-class _no_collection_inside:
+@contextlib.contextmanager
+def _no_collection_inside():
     """Garbage collected before the warmup and capture, and the cyclic collector paused through
     them. A dropped graphed callable (te's or torch's) is freed only by the cyclic collector
     (torch's graphed autograd Function is a class holding the graphs), torch.cuda.graph no longer
     collects before capturing, and a collection that frees a CUDA graph inside another capture
     invalidates that capture (measured on the H200: cudaErrorStreamCaptureInvalidated at the next
     kernel launch, whoever made the dropped graph)."""
-
-    __slots__ = ("_was_enabled",)
-
-    def __enter__(self) -> None:
-        gc.collect()
-        self._was_enabled = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc) -> None:
-        if self._was_enabled:
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
             gc.enable()
 
 
