@@ -44,7 +44,7 @@ struct FwdParams {
   // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights), in pieces for LayerNorm's
   // rows kernel, else in the natural layout (fwd_weight_pieces).
   const float* gamma;
-  const float* beta;  // or nullptr
+  const float* beta;  // or nullptr; in pieces always there (-0 where absent: norm::WeightPieces)
   float eps;
   bool rms;
   // Computed stats are written where non-null; with load_stats they are read instead (pass 2).
@@ -91,30 +91,37 @@ __device__ __forceinline__ float add_squares(float sq, const float (&d)[8], int 
 
 // y = fmaf((x - mu) * rsigma, gamma, beta) of one chunk, from its centered values d, in place
 // (one instruction per element fewer than a multiply and an add: the pass is issue-bound).
-__device__ __forceinline__ void apply_weights(float rs, const float (&g)[8], const float (&b)[8], bool beta,
-                                              float (&d)[8]) {
+template <bool kBeta>
+__device__ __forceinline__ void apply_weights(float rs, const float (&g)[8], const float (&b)[8], float (&d)[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float xhat = __fmul_rn(d[k], rs);
-    d[k] = beta ? __fmaf_rn(xhat, g[k], b[k]) : __fmul_rn(xhat, g[k]);
+    d[k] = kBeta ? __fmaf_rn(xhat, g[k], b[k]) : __fmul_rn(xhat, g[k]);
   }
 }
 
-// The same for column c, the weights in the natural layout (the re-read kernel).
+// The same for column c, the weights in the natural layout (the re-read kernel, beta tested per
+// chunk; RMSNorm's rows kernel, kBeta false).
+template <bool kTestBeta>
 __device__ __forceinline__ void chunk_y(const FwdParams& p, int64_t c, int valid, float rs, float (&d)[8]) {
   float g[8], b[8];
   norm::load8f(p.gamma, c, valid, g);
-  if (p.beta != nullptr) norm::load8f(p.beta, c, valid, b);
-  apply_weights(rs, g, b, p.beta != nullptr, d);
+  if (kTestBeta && p.beta != nullptr) {
+    norm::load8f(p.beta, c, valid, b);
+    apply_weights<true>(rs, g, b, d);
+  } else {
+    apply_weights<false>(rs, g, b, d);
+  }
 }
 
-// The same for thread t's chunk j, the weights in pieces (the rows kernel; norm::WeightPieces).
+// The same for thread t's chunk j, the weights in pieces (LayerNorm's rows kernel; beta always
+// there, -0 where the norm has none: norm::WeightPieces).
 __device__ __forceinline__ void chunk_y_pieces(const FwdParams& p, int j, int X, int t, float rs,
                                                float (&d)[8]) {
   float g[8], b[8];
   norm::load8p(p.gamma, j, X, t, g);
-  if (p.beta != nullptr) norm::load8p(p.beta, j, X, t, b);
-  apply_weights(rs, g, b, p.beta != nullptr, d);
+  norm::load8p(p.beta, j, X, t, b);
+  apply_weights<true>(rs, g, b, d);
 }
 
 // Max of |y| bits over the chunk's `valid` elements (whole chunks without the masks).
@@ -356,13 +363,27 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
         norm::row_sum_pp(sum, red, parity);
         mu = __fdiv_rn(sum[0], n);
       }
+      // One test for the row, not one per chunk: with the test inside the chunk loop the compiler
+      // computed every chunk's 64-bit valid count before choosing the unmasked sum (~2
+      // instructions per element, SASS). RMSNorm needs no masks at all: the +0 staged past the
+      // row adds +0 squares.
       float sq[1] = {0.0f};
+      if (kRms || full) {
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        float d[8];
+        for (int j = 0; j < kChunks; ++j)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) d[k] = centered<kRms>(v[j].get(k), mu);
-        sq[0] = add_squares(sq[0], d, full ? 8 : valid_of(j, true));
+          for (int k = 0; k < 8; ++k) {
+            const float d = centered<kRms>(v[j].get(k), mu);
+            sq[0] = __fmaf_rn(d, d, sq[0]);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          float d[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) d[k] = centered<kRms>(v[j].get(k), mu);
+          sq[0] = add_squares(sq[0], d, valid_of(j, true));
+        }
       }
       norm::row_sum_pp(sq, red, parity);
       rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
@@ -386,7 +407,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
       if constexpr (kRms) {
-        chunk_y(p, t * 8 + j * X * 8, valid, rs, y);
+        chunk_y<false>(p, t * 8 + j * X * 8, valid, rs, y);
       } else {
         chunk_y_pieces(p, j, X, t, rs, y);
       }
@@ -552,7 +573,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_reread_kernel(const FwdP
       load_x(c, y);
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<false>(y[k], mu);
-      chunk_y(p, c, valid, rs, y);
+      chunk_y<true>(p, c, valid, rs, y);
       if constexpr (kOut == kOutHigh) {
         if (p.out != nullptr) norm::store8(p.out, p.out_dtype, base + c, y, valid, out_vec);
       } else if constexpr (kOut == kOutPerTensor) {
@@ -664,7 +685,7 @@ inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t 
   if (rms) return w;
   dispatch_source(in_dtype, [&](auto tag) {
     const norm::RowLayout layout = fwd_layout<decltype(tag)>(cols);
-    if (layout.chunks > 0) w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks};
+    if (layout.chunks > 0) w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, true};
   });
   return w;
 }

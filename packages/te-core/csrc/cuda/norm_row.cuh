@@ -66,9 +66,13 @@ void dispatch_chunks(int chunks, F&& f) {
 // consecutive; in the natural layout each lane's 8 weights are 32 contiguous bytes, so every load
 // instruction used half of each sector it fetched, twice over, and the weights were most of the
 // rows kernels' L1 traffic (ncu at H 8192: L1 the busiest unit, 77%; NOTES.md).
+// `beta`: beta is written even where the norm has none, as -0 (fmaf(xhat, g, -0) is xhat * g bit
+// for bit, -0 and +0 products included), so that LayerNorm's rows kernel adds it unconditionally:
+// a run-time test there cost a predicated-off multiply beside every fused multiply-add (SASS).
 struct WeightPieces {
   int x = 0;
   int64_t width = 0;
+  bool beta = false;
 };
 
 // gamma (and beta) as the fp32 values the kernels multiply by and add: gamma + 1 where gamma is

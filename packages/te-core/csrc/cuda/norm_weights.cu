@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(256)
   const bool in = c < cols;  // padding of the pieces: 0, as the kernels' masked loads read it
   const float g = in ? load1(gamma, gamma_dtype, c) : 0.0f;
   gamma_out[i] = zero_centered && in ? __fadd_rn(1.0f, g) : g;
-  if (beta_out != nullptr) beta_out[i] = in ? load1(beta, beta_dtype, c) : 0.0f;
+  if (beta_out != nullptr) beta_out[i] = beta == nullptr ? -0.0f : in ? load1(beta, beta_dtype, c) : 0.0f;
 }
 
 // gamma's length in the scratch, rounded up to 4 floats so beta after it starts 16-byte aligned.
@@ -43,14 +43,15 @@ Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* bet
                        (beta == nullptr || usable(beta, beta_dtype))
                    ? 0
                    : sizeof(float) * static_cast<size_t>(padded(pieces.x > 0 ? pieces.width : cols)) *
-                         (beta != nullptr ? 2 : 1),
+                         (beta != nullptr || pieces.beta ? 2 : 1),
                stream, "norm scratch"),
       gamma_(static_cast<const float*>(gamma)),
       beta_(static_cast<const float*>(beta)) {
   if (scratch_.as<float>() == nullptr) return;
   const int64_t n = pieces.x > 0 ? pieces.width : cols;
   float* g = scratch_.as<float>();
-  float* b = beta != nullptr ? g + padded(n) : nullptr;  // 16-byte aligned, as the kernels load it
+  // 16-byte aligned, as the kernels load it.
+  float* b = beta != nullptr || (pieces.x > 0 && pieces.beta) ? g + padded(n) : nullptr;
   const int64_t blocks = ceil_div(n, 256);
   if (blocks > 0x7fffffffLL) fail(TE_ERROR_INTERNAL, "fp32_weights_kernel: H too large");
   fp32_weights_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
