@@ -42,11 +42,13 @@ struct FwdParams {
   const void* x;  // [rows, cols]
   int64_t rows, cols;
   // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights), in pieces for LayerNorm's
-  // rows kernel, else in the natural layout (fwd_weight_pieces).
+  // rows kernel, else in the natural layout (fwd_weight_pieces); in pieces of x's own 16-bit dtype
+  // where w16 (read through a cast).
   const float* gamma;
   const float* beta;  // or nullptr; in pieces always there (-0 where absent: norm::WeightPieces)
   float eps;
   bool rms;
+  bool w16;
   // Computed stats are written where non-null; with load_stats they are read instead (pass 2).
   float* mu;
   float* rsigma;
@@ -115,12 +117,21 @@ __device__ __forceinline__ void chunk_y(const FwdParams& p, int64_t c, int valid
 }
 
 // The same for thread t's chunk j, the weights in pieces (LayerNorm's rows kernel; beta always
-// there, -0 where the norm has none: norm::WeightPieces).
+// there, -0 where the norm has none: norm::WeightPieces), fp32 or (kW16) x's 16-bit dtype T.
+template <typename T, bool kW16>
 __device__ __forceinline__ void chunk_y_pieces(const FwdParams& p, int j, int X, int t, float rs,
                                                float (&d)[8]) {
   float g[8], b[8];
-  norm::load8p(p.gamma, j, X, t, g);
-  norm::load8p(p.beta, j, X, t, b);
+  if constexpr (kW16) {
+    Raw8<T> g16, b16;
+    g16.load_vec(reinterpret_cast<const T*>(p.gamma) + static_cast<int64_t>(j * X + t) * 8);
+    b16.load_vec(reinterpret_cast<const T*>(p.beta) + static_cast<int64_t>(j * X + t) * 8);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) g[k] = g16.get(k), b[k] = b16.get(k);
+  } else {
+    norm::load8p(p.gamma, j, X, t, g);
+    norm::load8p(p.beta, j, X, t, b);
+  }
   apply_weights<true>(rs, g, b, d);
 }
 
@@ -273,7 +284,7 @@ constexpr int kRowMinBlocks =
     kChunks <= 4 ? (kOut == kOutBlock1D && kChunks == 4 ? 3 : 4) : (sizeof(T) == 2 ? 1 : 2);
 
 // The rows kernel's body; the kernels below differ only in how their registers are bounded.
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   extern __shared__ uint4 staged[];  // [stages][Y][kChunks][kQuads][X] 16-byte pieces
   __shared__ __align__(16) float red[2 * kMaxThreads / 32];
@@ -409,7 +420,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
       if constexpr (kRms) {
         chunk_y<false>(p, t * 8 + j * X * 8, valid, rs, y);
       } else {
-        chunk_y_pieces(p, j, X, t, rs, y);
+        chunk_y_pieces<T, kW16>(p, j, X, t, rs, y);
       }
     };
     if constexpr (kOut != kOutBlock1D) {
@@ -480,10 +491,10 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   finish_amax<kOut>(p, amax, red_max);
 }
 
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut, kChunks>)
     norm_fwd_rows_kernel(const FwdParams p) {
-  fwd_rows<T, kOut, kFmt, kChunks, kRms>(p);
+  fwd_rows<T, kOut, kFmt, kChunks, kRms, kW16>(p);
 }
 
 // LayerNorm's 16-bit rows of 8 chunks with a high-precision or per-tensor output: at most 80
@@ -493,9 +504,9 @@ __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut
 // FP8 0.61 -> 0.63; RMSNorm FP8 0.77 -> 0.73, so RMSNorm keeps the bound above, as do the 1x128
 // rows (they hold all 64 y values for their block scales).
 constexpr int kWideRowRegs = 80;
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdParams p) {
-  fwd_rows<T, kOut, kFmt, kChunks, kRms>(p);
+  fwd_rows<T, kOut, kFmt, kChunks, kRms, kW16>(p);
 }
 template <typename T, int kOut, int kChunks, bool kRms>
 constexpr bool kWideRows = !kRms && sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D;
@@ -624,15 +635,27 @@ constexpr int kFwdStages = (kRms && kOut == kOutHigh && sizeof(T) == 2 && kChunk
 template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
 
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
-void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
+void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   if constexpr (kWideRows<T, kOut, kChunks, kRms>) {
-    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks,
+    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
                      kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
   } else {
-    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms>, T, kChunks,
+    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
                      kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
   }
+}
+
+// 16-bit weights only where LayerNorm's rows kernel reads pieces of x's own 16-bit dtype.
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
+void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+  if constexpr (!kRms && sizeof(T) == 2) {
+    if (p.w16) {
+      launch_rows_w<T, kOut, kFmt, kChunks, kRms, true>(p, layout, stream);
+      return;
+    }
+  }
+  launch_rows_w<T, kOut, kFmt, kChunks, kRms, false>(p, layout, stream);
 }
 
 template <auto kKernel, typename T, int kChunks, int kStages>
@@ -679,13 +702,22 @@ void launch_fwd(const FwdParams& p, int32_t in_dtype, cudaStream_t stream) {
 // The layout of the weights launch_fwd's kernel reads for this norm, input dtype and H: pieces for
 // LayerNorm's rows kernel. RMSNorm's read the natural layout: in pieces its BF16 and 1x128 rows
 // measured 0.87 -> 0.85 and 0.65 -> 0.63 of copy at H 8192 on the H200 (its FP8 row 0.76 -> 0.77),
-// where LayerNorm's, with twice the weights to load, gained on every row (NOTES.md).
-inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t cols) {
+// where LayerNorm's, with twice the weights to load, gained on every row (NOTES.md). LayerNorm's
+// pieces keep x's 16-bit dtype where gamma and beta have it and gamma is not zero-centered (the
+// values the kernel widens are then exactly the fp32 ones): ncu at H 8192 found its 64 KB of fp32
+// weights per row missing L1 (28% hits beside 192 KB of staged rows), L2 75% busy and
+// long-scoreboard waits 40% of the stalls; half the bytes cost one widening per weight.
+inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t cols, int32_t gamma_dtype,
+                                            bool has_beta, int32_t beta_dtype, bool zero_centered) {
   norm::WeightPieces w;
   if (rms) return w;
   dispatch_source(in_dtype, [&](auto tag) {
-    const norm::RowLayout layout = fwd_layout<decltype(tag)>(cols);
-    if (layout.chunks > 0) w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, true};
+    using T = decltype(tag);
+    const norm::RowLayout layout = fwd_layout<T>(cols);
+    const bool w16 = sizeof(T) == 2 && !zero_centered && gamma_dtype == in_dtype &&
+                     (!has_beta || beta_dtype == in_dtype);
+    if (layout.chunks > 0)
+      w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, true, w16 ? in_dtype : 0};
   });
   return w;
 }

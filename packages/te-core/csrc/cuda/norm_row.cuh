@@ -69,13 +69,16 @@ void dispatch_chunks(int chunks, F&& f) {
 // `beta`: beta is written even where the norm has none, as -0 (fmaf(xhat, g, -0) is xhat * g bit
 // for bit, -0 and +0 products included), so that LayerNorm's rows kernel adds it unconditionally:
 // a run-time test there cost a predicated-off multiply beside every fused multiply-add (SASS).
+// `dtype16`: the pieces hold the source weights' own 16-bit dtype, copied unconverted (0: fp32).
 struct WeightPieces {
   int x = 0;
   int64_t width = 0;
   bool beta = false;
+  int32_t dtype16 = 0;
 };
 
-// gamma (and beta) as the fp32 values the kernels multiply by and add: gamma + 1 where gamma is
+// gamma (and beta) as the fp32 values the kernels multiply by and add (or, in pieces with
+// WeightPieces::dtype16, their 16-bit source values, which widen to exactly those): gamma + 1 where gamma is
 // zero-centered (__fadd_rn(1.0f, g), the formula's own rounding, done once per column instead of
 // once per element), else widened (exact). In the natural layout, the caller's own pointers where
 // they already are that (fp32, 16-byte aligned, not zero-centered); otherwise, and always in

@@ -112,11 +112,13 @@ void norm_fwd(const NormFwdArgs& a, void* stream_ptr) {
   p.x = a.input;
   p.rows = a.rows;
   p.cols = a.cols;
+  const norm::WeightPieces pieces = normfwd::fwd_weight_pieces(
+      a.rms, a.in_dtype, a.cols, a.gamma_dtype, a.beta != nullptr, a.beta_dtype, a.zero_centered_gamma);
   const norm::Fp32Weights w(a.gamma, a.gamma_dtype, a.rms ? nullptr : a.beta, a.beta_dtype,
-                            a.zero_centered_gamma, a.cols,
-                            normfwd::fwd_weight_pieces(a.rms, a.in_dtype, a.cols), stream);
+                            a.zero_centered_gamma, a.cols, pieces, stream);
   p.gamma = w.gamma();
   p.beta = w.beta();
+  p.w16 = pieces.dtype16 != 0;
   p.eps = a.eps;
   p.rms = a.rms;
   p.mu = a.rms ? nullptr : a.mu;
