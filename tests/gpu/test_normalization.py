@@ -201,13 +201,16 @@ FWD_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["plain", "zcg_nostats_unaligned"])
+# "unaligned" alone keeps 16-bit weights of x's dtype on the path that reads them unconverted
+# (zero-centered gamma leaves it), through a padded copy.
+@pytest.mark.parametrize("variant", ["plain", "unaligned", "zcg_nostats_unaligned"])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(str(v) for v in c))
 @pytest.mark.parametrize("shape", FWD_SHAPES, ids=str)
 def test_fwd_vs_cpu(shape, combo, rms, variant):
     x_dt, g_dt, b_dt, y_dt = combo
     odd = variant != "plain"
+    zcg = variant.startswith("zcg")
     x, gamma, beta = fwd_inputs(shape, x_dt, g_dt, b_dt, (shape, combo))
     out = {}
     for device in ["cpu", "cuda"]:
@@ -218,14 +221,14 @@ def test_fwd_vs_cpu(shape, combo, rms, variant):
             beta,
             lambda d: hp_output(shape, y_dt, d, unaligned=odd),
             rms,
-            zcg=odd,
-            stats=not odd,
+            zcg=zcg,
+            stats=not zcg,
             unaligned=odd,
         )
     (cy, cmu, crs), (gy, gmu, grs) = out["cpu"], out["cuda"]
     rtol, atol = fp32_tolerance(cy["y"], shape[-1])
     assert_close(gy["y"], cy["y"], "y", rtol, atol)
-    if odd:
+    if zcg:
         same_bits(gmu, poison_f32(gmu.shape, "cuda"), "mu absent: untouched")
         same_bits(grs, poison_f32(grs.shape, "cuda"), "rsigma absent: untouched")
         return
@@ -448,21 +451,24 @@ BWD_SHAPES = [
 
 
 @pytest.mark.parametrize("variant", ["layernorm", "rmsnorm", "rmsnorm_add"])
-@pytest.mark.parametrize("odd", [False, True], ids=["plain", "zcg_unaligned"])
+# "unaligned" alone keeps a 16-bit gamma of x's dtype on the fused kernel's unconverted path,
+# through a padded copy.
+@pytest.mark.parametrize("odd", ["plain", "unaligned", "zcg_unaligned"])
 @pytest.mark.parametrize("combo", BWD_COMBOS, ids=lambda c: "-".join(c))
 @pytest.mark.parametrize("shape", BWD_SHAPES, ids=str)
 def test_bwd_vs_cpu_and_deterministic(shape, combo, odd, variant):
     x_dt, dz_dt, g_dt, dx_dt, dg_dt = combo
     rms = variant != "layernorm"
+    zcg, unaligned = odd == "zcg_unaligned", odd != "plain"
     add_dt = g_dt if variant == "rmsnorm_add" else None
     x, dz, gamma, add, mu, rs = bwd_inputs(shape, x_dt, dz_dt, g_dt, add_dt, rms, (shape, combo))
     # LayerNorm computes dbeta, except in some odd cases (dbeta absent is an option too).
-    with_dbeta = variant == "layernorm" and not (odd and shape[-1] % 2 == 0)
-    args = (variant, x, dz, gamma, add, mu, rs, dx_dt, dg_dt, with_dbeta, odd, odd)
+    with_dbeta = variant == "layernorm" and not (zcg and shape[-1] % 2 == 0)
+    args = (variant, x, dz, gamma, add, mu, rs, dx_dt, dg_dt, with_dbeta, zcg, unaligned)
     cpu = run_bwd("cpu", *args)
     gpu = run_bwd("cuda", *args)
     again = run_bwd("cuda", *args)
-    check_bwd(shape, cpu, gpu, again, x, dz, gamma, add, mu, rs, rms, odd, dg_dt)
+    check_bwd(shape, cpu, gpu, again, x, dz, gamma, add, mu, rs, rms, zcg, dg_dt)
 
 
 def check_bwd(shape, cpu, gpu, again, x, dz, gamma, add, mu, rs, rms, zcg, dg_dt):

@@ -41,9 +41,9 @@ enum OutKind : int { kOutHigh = 0, kOutPerTensor = 1, kOutBlock1D = 2 };
 struct FwdParams {
   const void* x;  // [rows, cols]
   int64_t rows, cols;
-  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights), in pieces for LayerNorm's
-  // rows kernel, else in the natural layout (fwd_weight_pieces); in pieces of x's own 16-bit dtype
-  // where w16 (read through a cast).
+  // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights), in pieces for the rows
+  // kernel or in the natural layout (fwd_weight_pieces); in pieces of x's own 16-bit dtype where
+  // w16 (read through a cast).
   const float* gamma;
   const float* beta;  // or nullptr; in pieces always there (-0 where absent: norm::WeightPieces)
   float eps;
@@ -116,23 +116,16 @@ __device__ __forceinline__ void chunk_y(const FwdParams& p, int64_t c, int valid
   }
 }
 
-// The same for thread t's chunk j, the weights in pieces (LayerNorm's rows kernel; beta always
-// there, -0 where the norm has none: norm::WeightPieces), fp32 or (kW16) x's 16-bit dtype T.
-template <typename T, bool kW16>
+// The same for thread t's chunk j, the weights in pieces (the rows kernel: LayerNorm's, kBeta, with
+// beta always there, -0 where the norm has none: norm::WeightPieces; RMSNorm's where kW16), fp32
+// or (kW16) x's 16-bit dtype T.
+template <typename T, bool kW16, bool kBeta>
 __device__ __forceinline__ void chunk_y_pieces(const FwdParams& p, int j, int X, int t, float rs,
                                                float (&d)[8]) {
   float g[8], b[8];
-  if constexpr (kW16) {
-    Raw8<T> g16, b16;
-    g16.load_vec(reinterpret_cast<const T*>(p.gamma) + static_cast<int64_t>(j * X + t) * 8);
-    b16.load_vec(reinterpret_cast<const T*>(p.beta) + static_cast<int64_t>(j * X + t) * 8);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) g[k] = g16.get(k), b[k] = b16.get(k);
-  } else {
-    norm::load8p(p.gamma, j, X, t, g);
-    norm::load8p(p.beta, j, X, t, b);
-  }
-  apply_weights<true>(rs, g, b, d);
+  norm::load8w<T, kW16>(p.gamma, j, X, t, g);
+  if constexpr (kBeta) norm::load8w<T, kW16>(p.beta, j, X, t, b);
+  apply_weights<kBeta>(rs, g, b, d);
 }
 
 // Max of |y| bits over the chunk's `valid` elements (whole chunks without the masks).
@@ -417,10 +410,10 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
       norm::read_chunk(v, slot + j * kQ * X, X);
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
-      if constexpr (kRms) {
+      if constexpr (kRms && !kW16) {
         chunk_y<false>(p, t * 8 + j * X * 8, valid, rs, y);
       } else {
-        chunk_y_pieces<T, kW16>(p, j, X, t, rs, y);
+        chunk_y_pieces<T, kW16, !kRms>(p, j, X, t, rs, y);
       }
     };
     if constexpr (kOut != kOutBlock1D) {
@@ -497,19 +490,22 @@ __global__ void __launch_bounds__(kRowThreads<T, kChunks>, kRowMinBlocks<T, kOut
   fwd_rows<T, kOut, kFmt, kChunks, kRms, kW16>(p);
 }
 
-// LayerNorm's 16-bit rows of 8 chunks with a high-precision or per-tensor output: at most 80
-// registers, so that H 8192 (128 threads per row) runs 6 CTAs per SM instead of the 4 that
-// __launch_bounds__(512) left room for at 128 registers (a 512-thread CTA, H 32768, still fits at
-// 80). Measured on the H200 (16384 x 8192 bf16, NOTES.md): LayerNorm BF16 0.80 -> 0.81 of copy,
-// FP8 0.61 -> 0.63; RMSNorm FP8 0.77 -> 0.73, so RMSNorm keeps the bound above, as do the 1x128
-// rows (they hold all 64 y values for their block scales).
+// 16-bit rows of 8 chunks with a high-precision or per-tensor output, LayerNorm's and (with 16-bit
+// weights) RMSNorm's: at most 80 registers, so that H 8192 (128 threads per row) runs 6 CTAs per SM
+// instead of the 4 that __launch_bounds__(512) left room for at 128 registers (a 512-thread CTA,
+// H 32768, still fits at 80). Measured on the H200 (16384 x 8192 bf16, NOTES.md): LayerNorm BF16
+// 0.80 -> 0.81 of copy, FP8 0.61 -> 0.63. RMSNorm with fp32 weights keeps the bound above (at 80
+// its FP8 row fell 0.77 -> 0.73); with 16-bit ones, unbounded, ptxas gave its BF16 row 114
+// registers (0.144 -> 0.153 ms) and its FP8 row 100; at 80 they ran 0.144 and 0.108 -> 0.106 ms,
+// at 72 (7 CTAs) the same. The 1x128 rows stay unbounded (they hold all 64 y values for their
+// block scales).
 constexpr int kWideRowRegs = 80;
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdParams p) {
   fwd_rows<T, kOut, kFmt, kChunks, kRms, kW16>(p);
 }
-template <typename T, int kOut, int kChunks, bool kRms>
-constexpr bool kWideRows = !kRms && sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D;
+template <typename T, int kOut, int kChunks, bool kRms, bool kW16>
+constexpr bool kWideRows = sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D && (!kRms || kW16);
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
 template <typename T, int kOut, int kFmt>
@@ -637,7 +633,7 @@ void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t s
 
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
-  if constexpr (kWideRows<T, kOut, kChunks, kRms>) {
+  if constexpr (kWideRows<T, kOut, kChunks, kRms, kW16>) {
     launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
                      kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
   } else {
@@ -646,10 +642,10 @@ void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stre
   }
 }
 
-// 16-bit weights only where LayerNorm's rows kernel reads pieces of x's own 16-bit dtype.
+// 16-bit weights only where the rows kernel reads pieces of x's own 16-bit dtype.
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms>
 void launch_rows(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
-  if constexpr (!kRms && sizeof(T) == 2) {
+  if constexpr (sizeof(T) == 2) {
     if (p.w16) {
       launch_rows_w<T, kOut, kFmt, kChunks, kRms, true>(p, layout, stream);
       return;
@@ -700,24 +696,24 @@ void launch_fwd(const FwdParams& p, int32_t in_dtype, cudaStream_t stream) {
 }
 
 // The layout of the weights launch_fwd's kernel reads for this norm, input dtype and H: pieces for
-// LayerNorm's rows kernel. RMSNorm's read the natural layout: in pieces its BF16 and 1x128 rows
-// measured 0.87 -> 0.85 and 0.65 -> 0.63 of copy at H 8192 on the H200 (its FP8 row 0.76 -> 0.77),
-// where LayerNorm's, with twice the weights to load, gained on every row (NOTES.md). LayerNorm's
-// pieces keep x's 16-bit dtype where gamma and beta have it and gamma is not zero-centered (the
-// values the kernel widens are then exactly the fp32 ones): ncu at H 8192 found its 64 KB of fp32
-// weights per row missing L1 (28% hits beside 192 KB of staged rows), L2 75% busy and
-// long-scoreboard waits 40% of the stalls; half the bytes cost one widening per weight.
+// the rows kernel, in x's own 16-bit dtype where gamma and beta have it and gamma is not
+// zero-centered (the values the kernel widens are then exactly the fp32 ones): ncu of LayerNorm at
+// H 8192 found its 64 KB of fp32 weights per row missing L1 (28% hits beside 192 KB of staged
+// rows), L2 75% busy and long-scoreboard waits 40% of the stalls; half the bytes cost one widening
+// per weight. Otherwise fp32 pieces for LayerNorm's rows kernel and the natural layout for
+// RMSNorm's: in fp32 pieces its BF16 and 1x128 rows measured 0.87 -> 0.85 and 0.65 -> 0.63 of copy
+// at H 8192 on the H200 (its FP8 row 0.76 -> 0.77), where LayerNorm's, with twice the weights to
+// load, gained on every row (NOTES.md). 16-bit pieces are the natural layout padded to the width.
 inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t cols, int32_t gamma_dtype,
                                             bool has_beta, int32_t beta_dtype, bool zero_centered) {
   norm::WeightPieces w;
-  if (rms) return w;
   dispatch_source(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     const norm::RowLayout layout = fwd_layout<T>(cols);
     const bool w16 = sizeof(T) == 2 && !zero_centered && gamma_dtype == in_dtype &&
-                     (!has_beta || beta_dtype == in_dtype);
-    if (layout.chunks > 0)
-      w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, true, w16 ? in_dtype : 0};
+                     (rms || !has_beta || beta_dtype == in_dtype);
+    if (layout.chunks > 0 && (w16 || !rms))
+      w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, !rms, w16 ? in_dtype : 0};
   });
   return w;
 }

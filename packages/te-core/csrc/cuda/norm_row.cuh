@@ -237,6 +237,20 @@ __device__ __forceinline__ void load8p(const float* w, int j, int X, int t, floa
   out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
 }
 
+// The same from pieces in fp32 or (kW16, WeightPieces::dtype16) x's 16-bit dtype T, widened:
+// chunk j of thread t is then the one 16-byte piece at 8 (j * X + t).
+template <typename T, bool kW16>
+__device__ __forceinline__ void load8w(const float* w, int j, int X, int t, float (&out)[8]) {
+  if constexpr (kW16) {
+    Raw8<T> v;
+    v.load_vec(reinterpret_cast<const T*>(w) + static_cast<int64_t>(j * X + t) * 8);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = v.get(k);
+  } else {
+    load8p(w, j, X, t, out);
+  }
+}
+
 // Rounds (RNE) and stores elements [0, valid) of v; vec: p is 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ void store8(T* p, const float (&v)[8], int valid, bool vec) {

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(256)
 // 16-bit pieces (WeightPieces::dtype16): thread t's chunk j is one 16-byte piece at index j * X + t,
 // i.e. columns 8 (j * X + t) .. + 7, so the pieces are the natural layout padded to the kernel's
 // width: the source bits copied, 0 past the row, and -0 (0x8000 in bf16 and fp16 alike) for an
-// absent beta.
+// absent beta (beta_out nullptr: no beta pieces, RMSNorm's).
 __global__ void __launch_bounds__(256)
     pieces16_kernel(const uint16_t* gamma, const uint16_t* beta, int64_t cols, int64_t width,
                     uint16_t* gamma_out, uint16_t* beta_out) {
@@ -43,12 +43,14 @@ __global__ void __launch_bounds__(256)
   if (i >= width) return;
   const bool in = i < cols;
   gamma_out[i] = in ? gamma[i] : 0;
-  beta_out[i] = beta == nullptr ? 0x8000 : in ? beta[i] : 0;
+  if (beta_out != nullptr) beta_out[i] = beta == nullptr ? 0x8000 : in ? beta[i] : 0;
 }
 
-// 16-bit pieces the caller's own arrays already are: aligned, beta there, no padding.
+// 16-bit pieces the caller's own arrays already are: aligned, beta there where the pieces hold
+// one, no padding.
 bool pieces16_as_is(const void* gamma, const void* beta, int64_t cols, WeightPieces pieces) {
-  return aligned(gamma, 16) && beta != nullptr && aligned(beta, 16) && cols == pieces.width;
+  return aligned(gamma, 16) && (!pieces.beta || (beta != nullptr && aligned(beta, 16))) &&
+         cols == pieces.width;
 }
 
 // gamma's length in the scratch, rounded up to 4 floats so beta after it starts 16-byte aligned.
@@ -57,7 +59,9 @@ int64_t padded(int64_t n) { return (n + 3) / 4 * 4; }
 size_t scratch_bytes(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
                      bool zero_centered, int64_t cols, WeightPieces pieces, bool usable_as_is) {
   if (pieces.x > 0 && pieces.dtype16 != 0)
-    return pieces16_as_is(gamma, beta, cols, pieces) ? 0 : sizeof(uint16_t) * 2 * static_cast<size_t>(pieces.width);
+    return pieces16_as_is(gamma, beta, cols, pieces)
+               ? 0
+               : sizeof(uint16_t) * (pieces.beta ? 2 : 1) * static_cast<size_t>(pieces.width);
   if (usable_as_is) return 0;
   return sizeof(float) * static_cast<size_t>(padded(pieces.x > 0 ? pieces.width : cols)) *
          (beta != nullptr || (pieces.x > 0 && pieces.beta) ? 2 : 1);
@@ -79,10 +83,11 @@ Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* bet
     uint16_t* b = g + pieces.width;  // width is a multiple of 8: 16-byte aligned
     const int64_t blocks = ceil_div(pieces.width, 256);
     pieces16_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        static_cast<const uint16_t*>(gamma), static_cast<const uint16_t*>(beta), cols, pieces.width, g, b);
+        static_cast<const uint16_t*>(gamma), static_cast<const uint16_t*>(beta), cols, pieces.width, g,
+        pieces.beta ? b : nullptr);
     check_launch("pieces16_kernel");
     gamma_ = reinterpret_cast<const float*>(g);
-    beta_ = reinterpret_cast<const float*>(b);
+    beta_ = pieces.beta ? reinterpret_cast<const float*>(b) : nullptr;
     return;
   }
   const int64_t n = pieces.x > 0 ? pieces.width : cols;

@@ -39,7 +39,8 @@ struct BwdParams {
   const float* mu;  // [rows], LayerNorm only
   const float* rsigma;
   // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights): in pieces for the fused
-  // kernel, in the natural layout for the generic path.
+  // kernel (x's own 16-bit dtype where it reads them so: fused_pieces), in the natural layout for
+  // the generic path.
   const float* gamma;
   bool rms;
   const void* add;  // [rows, cols] or nullptr
@@ -151,7 +152,7 @@ constexpr size_t bwd_smem_bytes(int threads) {
   return static_cast<size_t>(threads) * kChunks * (partials + staged);
 }
 
-template <typename T, int kChunks, bool kDbeta>
+template <typename T, int kChunks, bool kDbeta, bool kW16>
 __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_bwd_kernel(const BwdParams p) {
   extern __shared__ float4 acc_smem[];
   __shared__ __align__(16) float red[2 * kMaxThreads / 32 * 2];
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
     for (int j = 0; j < kChunks; ++j) {
       const int valid = valid_of(j, live);
       float g[8], pg[8], pb[8];
-      norm::load8p(p.gamma, j, X, t, g);
+      norm::load8w<T, kW16>(p.gamma, j, X, t, g);
       if (valid == 8) {  // whole chunks (all but a row's last) without the masks below
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kMaxThreads, kBwdMinBlocks<T, kChunks>) norm_b
     for (int j = 0; j < kChunks; ++j) {
       const int64_t c = static_cast<int64_t>(j * X + t) * 8;
       float g[8];
-      norm::load8p(p.gamma, j, X, t, g);
+      norm::load8w<T, kW16>(p.gamma, j, X, t, g);
       emit_dx(p, base, c, valid_of(j, live), vx[j], vd[j], g, mu, rs, k, rp.dx_vec,
               rp.add_vec);
     }
@@ -463,31 +464,45 @@ norm::RowLayout fused_layout(int64_t cols, bool dbeta) {
 // False, launching nothing, where a CTA's partial sums and staged row do not fit the device's
 // shared memory (fp32 LayerNorm rows of 4 chunks on any device; 16-bit ones of 4 chunks on
 // sm_80/89/120, fp32 ones of 2 on sm_89/120): the generic path then does the work.
-template <typename T, int kChunks, bool kDbeta>
-bool launch_fused(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
-                  cudaStream_t stream) {
+template <typename T, int kChunks, bool kDbeta, bool kW16>
+bool launch_fused_w(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& layout,
+                    norm::WeightPieces pieces, cudaStream_t stream) {
+  constexpr auto kKernel = norm_bwd_kernel<T, kChunks, kDbeta, kW16>;
   const int threads = layout.threads * layout.rows;
   const size_t smem = bwd_smem_bytes<T, kChunks, kDbeta>(threads);
-  if (smem > norm::max_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>()) return false;
-  norm::allow_dynamic_smem<norm_bwd_kernel<T, kChunks, kDbeta>>(smem);
+  if (smem > norm::max_dynamic_smem<kKernel>()) return false;
+  norm::allow_dynamic_smem<kKernel>(smem);
   const norm::Fp32Weights w(a.gamma, a.gamma_dtype, nullptr, TE_DTYPE_FLOAT32, a.zero_centered_gamma, a.cols,
-                            {layout.threads, static_cast<int64_t>(layout.threads) * 8 * kChunks}, stream);
+                            pieces, stream);
   p.gamma = w.gamma();
   // One wave of CTAs, each over a contiguous range of rows: as few partial rows as keep every SM
   // busy.
   const int64_t groups = ceil_div(a.rows, layout.rows);
-  int64_t ctas = norm::resident_ctas<norm_bwd_kernel<T, kChunks, kDbeta>>(threads, smem);
+  int64_t ctas = norm::resident_ctas<kKernel>(threads, smem);
   if (ctas > groups) ctas = groups;
   p.rows_per_cta = ceil_div(a.rows, ctas);
   ctas = ceil_div(a.rows, p.rows_per_cta);
   Scratch part(sizeof(float) * static_cast<size_t>(ctas * a.cols) * (kDbeta ? 2 : 1), stream, "norm scratch");
   p.dgamma_part = part.as<float>();
   p.dbeta_part = kDbeta ? part.as<float>() + ctas * a.cols : nullptr;
-  norm_bwd_kernel<T, kChunks, kDbeta>
-      <<<static_cast<unsigned>(ctas), dim3(layout.threads, layout.rows), smem, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(ctas), dim3(layout.threads, layout.rows), smem, stream>>>(p);
   check_launch("norm_bwd_kernel");
   reduce_partials(a, p.dgamma_part, p.dbeta_part, ctas, stream);
   return true;
+}
+
+// gamma in x's own 16-bit dtype where it has it and is not zero-centered (exact, as in the
+// forward's fwd_weight_pieces: the kernel loads it twice per row), else fp32 pieces.
+template <typename T, int kChunks, bool kDbeta>
+bool launch_fused(const NormBwdArgs& a, const BwdParams& p, const norm::RowLayout& layout,
+                  cudaStream_t stream) {
+  const int64_t width = static_cast<int64_t>(layout.threads) * 8 * kChunks;
+  if constexpr (sizeof(T) == 2) {
+    if (!a.zero_centered_gamma && a.gamma_dtype == a.x_dtype)
+      return launch_fused_w<T, kChunks, kDbeta, true>(a, p, layout, {layout.threads, width, false, a.x_dtype},
+                                                      stream);
+  }
+  return launch_fused_w<T, kChunks, kDbeta, false>(a, p, layout, {layout.threads, width}, stream);
 }
 
 template <typename T>
