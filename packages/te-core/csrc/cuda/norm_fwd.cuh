@@ -710,7 +710,7 @@ inline norm::WeightPieces fwd_weight_pieces(bool rms, int32_t in_dtype, int64_t 
   dispatch_source(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     const norm::RowLayout layout = fwd_layout<T>(cols);
-    const bool w16 = sizeof(T) == 2 && !zero_centered && gamma_dtype == in_dtype &&
+    const bool w16 = norm::weight_as_is_16(in_dtype, gamma_dtype, zero_centered) &&
                      (rms || !has_beta || beta_dtype == in_dtype);
     if (layout.chunks > 0 && (w16 || !rms))
       w = {layout.threads, static_cast<int64_t>(layout.threads) * 8 * layout.chunks, !rms, w16 ? in_dtype : 0};

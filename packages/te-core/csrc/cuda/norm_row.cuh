@@ -77,6 +77,13 @@ struct WeightPieces {
   int32_t dtype16 = 0;
 };
 
+// Whether a weight of dtype w_dtype reaches the kernels of a 16-bit input x_dtype as it is
+// (WeightPieces::dtype16): only where widening it gives exactly the fp32 values they would use,
+// i.e. it has x's dtype and is not zero-centered (whose + 1 is rounded once, in fp32).
+inline bool weight_as_is_16(int32_t x_dtype, int32_t w_dtype, bool zero_centered) {
+  return (x_dtype == TE_DTYPE_BFLOAT16 || x_dtype == TE_DTYPE_FLOAT16) && w_dtype == x_dtype && !zero_centered;
+}
+
 // gamma (and beta) as the fp32 values the kernels multiply by and add (or, in pieces with
 // WeightPieces::dtype16, their 16-bit source values, which widen to exactly those): gamma + 1 where gamma is
 // zero-centered (__fadd_rn(1.0f, g), the formula's own rounding, done once per column instead of

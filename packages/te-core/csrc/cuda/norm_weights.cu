@@ -56,8 +56,8 @@ bool pieces16_as_is(const void* gamma, const void* beta, int64_t cols, WeightPie
 // gamma's length in the scratch, rounded up to 4 floats so beta after it starts 16-byte aligned.
 int64_t padded(int64_t n) { return (n + 3) / 4 * 4; }
 
-size_t scratch_bytes(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
-                     bool zero_centered, int64_t cols, WeightPieces pieces, bool usable_as_is) {
+// 0 where the kernels read the caller's own arrays (usable_as_is: natural-layout fp32 ones).
+size_t scratch_bytes(const void* gamma, const void* beta, int64_t cols, WeightPieces pieces, bool usable_as_is) {
   if (pieces.x > 0 && pieces.dtype16 != 0)
     return pieces16_as_is(gamma, beta, cols, pieces)
                ? 0
@@ -71,7 +71,7 @@ size_t scratch_bytes(const void* gamma, int32_t gamma_dtype, const void* beta, i
 
 Fp32Weights::Fp32Weights(const void* gamma, int32_t gamma_dtype, const void* beta, int32_t beta_dtype,
                          bool zero_centered, int64_t cols, WeightPieces pieces, cudaStream_t stream)
-    : scratch_(scratch_bytes(gamma, gamma_dtype, beta, beta_dtype, zero_centered, cols, pieces,
+    : scratch_(scratch_bytes(gamma, beta, cols, pieces,
                              pieces.x == 0 && !zero_centered && usable(gamma, gamma_dtype) &&
                                  (beta == nullptr || usable(beta, beta_dtype))),
                stream, "norm scratch"),

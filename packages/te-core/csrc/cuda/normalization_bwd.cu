@@ -39,8 +39,8 @@ struct BwdParams {
   const float* mu;  // [rows], LayerNorm only
   const float* rsigma;
   // fp32 with a zero-centered gamma's + 1 applied (norm::Fp32Weights): in pieces for the fused
-  // kernel (x's own 16-bit dtype where it reads them so: fused_pieces), in the natural layout for
-  // the generic path.
+  // kernel (x's own 16-bit dtype where launch_fused reads them so), in the natural layout for the
+  // generic path.
   const float* gamma;
   bool rms;
   const void* add;  // [rows, cols] or nullptr
@@ -491,14 +491,14 @@ bool launch_fused_w(const NormBwdArgs& a, BwdParams p, const norm::RowLayout& la
   return true;
 }
 
-// gamma in x's own 16-bit dtype where it has it and is not zero-centered (exact, as in the
-// forward's fwd_weight_pieces: the kernel loads it twice per row), else fp32 pieces.
+// gamma in x's own 16-bit dtype where norm::weight_as_is_16 allows (the kernel loads it twice per
+// row), else fp32 pieces.
 template <typename T, int kChunks, bool kDbeta>
 bool launch_fused(const NormBwdArgs& a, const BwdParams& p, const norm::RowLayout& layout,
                   cudaStream_t stream) {
   const int64_t width = static_cast<int64_t>(layout.threads) * 8 * kChunks;
   if constexpr (sizeof(T) == 2) {
-    if (!a.zero_centered_gamma && a.gamma_dtype == a.x_dtype)
+    if (norm::weight_as_is_16(a.x_dtype, a.gamma_dtype, a.zero_centered_gamma))
       return launch_fused_w<T, kChunks, kDbeta, true>(a, p, layout, {layout.threads, width, false, a.x_dtype},
                                                       stream);
   }
