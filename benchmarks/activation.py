@@ -15,6 +15,7 @@ grad element of the backward:
   swiglu_delayed_ct    x 4 + y 1 + y^T 1                             6 B
   dgelu_dbias_bf16     grad 2 + x 2 + dx 2 (+ dbias)                 6 B
   dgelu_dbias_delayed_ct  grad 2 + x 2 + dx 1 + dx^T 1               6 B
+  dgelu_delayed_ct     the same without the bias gradient (what dbias costs)  6 B
   dswiglu_bf16         grad 2 + x 4 + dx 4                           10 B
   dbias_quantize_ct    grad 2 + q 1 + q^T 1 (te_dbias_quantize)      4 B
 
@@ -73,6 +74,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    ap.add_argument("--ops", default=None, help="comma-separated op names to time (default: all)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
 
@@ -137,12 +139,23 @@ def main() -> int:
             lambda: C.activation_bwd(grad_d, x_d, q_ct, dbias_d, GELU, delayed, stream()),
             6.0 * E,
         ),
+        "dgelu_delayed_ct": (
+            lambda: C.activation_bwd(grad_d, x_d, q_ct, None, GELU, delayed, stream()),
+            6.0 * E,
+        ),
         "dswiglu_bf16": (
             lambda: C.activation_bwd(grad_d, xg_d, hp_dxg, None, SWIGLU, None, stream()),
             10.0 * E,
         ),
         "dbias_quantize_ct": (lambda: C.dbias_quantize(grad_d, q_ct, dbias_d, delayed, stream()), 4.0 * E),
     }
+    timed = ops
+    if args.ops is not None:
+        wanted = args.ops.split(",")
+        unknown = sorted(set(wanted) - set(ops))
+        if unknown:
+            ap.error(f"--ops: unknown op(s) {unknown}; known: {sorted(ops)}")
+        timed = {k: v for k, v in ops.items() if k in wanted}
     actual_bytes = {"gelu_current_ct": 6.0 * E}
     peers = {
         "gelu_bf16": lambda: peer_gelu(x),
@@ -171,7 +184,7 @@ def main() -> int:
     copy_ms = time_ms(lambda: torch.mul(copy_src, 1, out=copy_dst), args.iters, args.warmup, graph=True)
     copy_tbs = 4.0 * copy_src.numel() / copy_ms / 1e9
     results = []
-    for name, (fn, counted) in ops.items():
+    for name, (fn, counted) in timed.items():
         te_ms = time_ms(fn, args.iters, args.warmup, graph=True)
         eager_ms = time_ms(fn, args.iters, args.warmup, graph=False)
         r = {
