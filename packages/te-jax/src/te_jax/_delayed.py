@@ -85,7 +85,9 @@ def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -
         scale = state[f"{role}_scale"]
         a = jnp.reshape(amaxes[role], ())
         first = jnp.where(jnp.isnan(a) | jnp.isnan(history[0]), jnp.nan, jnp.maximum(history[0], a))
-        history = history.at[0].set(first)
+        # A select, not history.at[0].set: updating the state operand in place makes XLA copy it
+        # first (one device copy per role before the step's first kernel)
+        history = jnp.where(jnp.arange(history.shape[0]) == 0, first, history)
         if callable(p.amax_compute_algo):
             amax = jnp.reshape(jnp.asarray(p.amax_compute_algo(history), _F32), ())
         elif p.amax_compute_algo == "most_recent":
