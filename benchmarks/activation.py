@@ -36,6 +36,12 @@ import torch
 from quantize import REPS, desc, stream, time_ms
 
 E4M3_MAX = 448.0
+# The ops of the table above, the names --ops takes (checked before anything is allocated).
+OPS = (
+    "gelu_bf16", "gelu_delayed", "gelu_delayed_ct", "gelu_current_ct", "gelu_block1d_ct",
+    "swiglu_bf16", "swiglu_delayed_ct", "dgelu_dbias_bf16", "dgelu_dbias_delayed_ct",
+    "dgelu_delayed_ct", "dswiglu_bf16", "dbias_quantize_ct",
+)  # fmt: skip
 
 
 def gelu(x):
@@ -77,6 +83,10 @@ def main() -> int:
     ap.add_argument("--ops", default=None, help="comma-separated op names to time (default: all)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    wanted = None if args.ops is None else args.ops.split(",")
+    unknown = sorted(set(wanted or ()) - set(OPS))
+    if unknown:
+        ap.error(f"--ops: unknown op(s) {unknown}; known: {sorted(OPS)}")
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -149,13 +159,7 @@ def main() -> int:
         ),
         "dbias_quantize_ct": (lambda: C.dbias_quantize(grad_d, q_ct, dbias_d, delayed, stream()), 4.0 * E),
     }
-    timed = ops
-    if args.ops is not None:
-        wanted = args.ops.split(",")
-        unknown = sorted(set(wanted) - set(ops))
-        if unknown:
-            ap.error(f"--ops: unknown op(s) {unknown}; known: {sorted(ops)}")
-        timed = {k: v for k, v in ops.items() if k in wanted}
+    timed = ops if wanted is None else {k: v for k, v in ops.items() if k in wanted}
     actual_bytes = {"gelu_current_ct": 6.0 * E}
     peers = {
         "gelu_bf16": lambda: peer_gelu(x),

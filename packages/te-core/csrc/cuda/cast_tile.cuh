@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
 // kDbias: p.dbias_partial is set (compiled apart). The thread's 16 running column sums live in
 // its own shared-memory slots ([column][thread]: conflict-free), not in registers: there they
 // spilled 84 bytes at the 80-register bound of L::kStreamMinBlocks = 3 and the dGELU + dbias pass
-// took 0.587 ms against 0.486 ms (16384 x 16384 bf16, H200; 0.41 ms without a bias gradient).
+// took 0.587 ms against 0.479-0.489 ms (16384 x 16384 bf16, H200; 0.41 without a bias gradient).
 template <typename L, bool kDbias>
 __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
     cast_tile_stream_kernel(const Params p, const L ld) {
