@@ -152,7 +152,7 @@ def test_bwd_dbias_is_sum_of_unrounded_dx():
     assert_bits_equal(d1, d2, "dbias")
 
 
-@pytest.mark.parametrize("case", ["delayed", "current_ct", "block1d"])
+@pytest.mark.parametrize("case", ["delayed", "delayed_reset", "current_ct", "block1d"])
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
 @pytest.mark.parametrize("kind", [A.GELU, A.SWIGLU, A.SREGLU], ids=lambda k: k.name)
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (129, 257)], ids=str)

@@ -22,7 +22,8 @@ def fp32_column_sum(x):
 
 
 @pytest.mark.parametrize(
-    "case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"]
+    "case",
+    ["delayed", "delayed_ct", "delayed_reset", "current_ct", "current_colonly", "block1d", "block1d_fp32"],
 )
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
 @pytest.mark.parametrize("dtype", HP_TYPES, ids=dtype_id)

@@ -176,3 +176,107 @@ def test_groups_in_one_call_against_oracle(sizes):
             for h, wh in zip(hs, whs, strict=True):
                 wh[...] = h
     _C.DelayedScalingUpdate([])()  # no groups: nothing to do
+
+
+def next_groups(groups, params, with_amaxes):
+    """te_delayed_scaling_next_groups over numpy groups [(histories, scales, amaxes)]: returns the
+    fresh next histories and scales (NaN-poisoned before the call)."""
+    outs, args = [], []
+    for (hs, ss, am), (fp8_max, margin, algo) in zip(groups, params, strict=True):
+        nh = [np.full(h.shape, np.nan, np.float32) for h in hs]
+        ns = [np.full(s.shape, np.nan, np.float32) for s in ss]
+        outs.append((nh, ns))
+        args.append(
+            (
+                [tensor(h) for h in hs],
+                [tensor(s) for s in ss],
+                [tensor(a) for a in am] if with_amaxes else None,
+                [tensor(h) for h in nh],
+                [tensor(s) for s in ns],
+                fp8_max,
+                margin,
+                MAX if algo == "max" else MOST_RECENT,
+            )
+        )
+    _C.delayed_scaling_next(args)
+    return outs
+
+
+@pytest.mark.parametrize("with_amaxes", [True, False], ids=["amaxes", "no_amaxes"])
+@pytest.mark.parametrize("sizes", [(2, 1), (3, 0, 2), (40, 30)])
+def test_next_groups_out_of_place_against_oracle(sizes, with_amaxes):
+    """te_delayed_scaling_next_groups (te_jax's update): this step's amaxes folded into
+    history[0] (NaN propagating), then the update, written to fresh buffers; the inputs keep
+    their bytes."""
+    rng = rng_for("dsu next", sizes, with_amaxes)
+    params = [(448.0, 0.0, "max"), (57344.0, 1.0, "most_recent"), (448.0, 2.0, "most_recent")]
+    groups = []
+    for n in sizes:
+        hs, ss = random_group(rng, n)
+        am = []
+        for h in hs:
+            a = np.exp2(rng.uniform(-20, 20, h.shape[1:] or (1,))).astype(np.float32)
+            a[rng.random(a.shape) < 0.2] = 0.0
+            a[rng.random(a.shape) < 0.1] = np.nan
+            a[rng.random(a.shape) < 0.1] = np.inf
+            am.append(a)
+        groups.append((hs, ss, am))
+    before = [
+        ([h.copy() for h in hs], [s.copy() for s in ss], [a.copy() for a in am]) for hs, ss, am in groups
+    ]
+    outs = next_groups(groups, params[: len(sizes)], with_amaxes)
+    for g, ((hs, ss, am), (nh, ns), (fp8_max, margin, algo)) in enumerate(
+        zip(groups, outs, params, strict=False)
+    ):
+        for i in range(len(hs)):
+            h = hs[i].copy()
+            if with_amaxes:
+                first = h.reshape(h.shape[0], -1)[0]
+                a = am[i].reshape(-1)
+                first[...] = np.where(np.isnan(first) | np.isnan(a), np.nan, np.maximum(first, a))
+            wh, ws = O.delayed_scaling_update(h, ss[i], fp8_max, margin, algo)
+            assert_float_equal(ns[i], ws, f"groups[{g}] next_scales[{i}]")
+            assert_float_equal(nh[i], wh, f"groups[{g}] next_amax_histories[{i}]")
+    for (hs, ss, am), (bh, bs, ba) in zip(groups, before, strict=True):
+        for t, b in zip(hs + ss + am, bh + bs + ba, strict=True):
+            assert_float_equal(t, b, "an input (read, never written)")
+
+
+def test_next_groups_hand_computed():
+    """One [3] history: amax 5 joins history[0] = 2; max over (5, 1, 4) = 5 gives 448 / 5."""
+    h, s, a = np.array([2.0, 1.0, 4.0], np.float32), np.array([7.0], np.float32), np.array([5.0], np.float32)
+    [(nh, ns)] = next_groups([([h], [s], [a])], [(448.0, 0.0, "max")], True)
+    assert nh[0].tolist() == [0.0, 4.0, 5.0]
+    assert ns[0][0] == np.float32(448.0) / np.float32(5.0)
+    [(nh, ns)] = next_groups([([h], [s], [a])], [(448.0, 0.0, "most_recent")], True)
+    assert ns[0][0] == np.float32(448.0) / np.float32(5.0) and nh[0].tolist() == [0.0, 4.0, 5.0]
+    [(nh, ns)] = next_groups([([h], [s], [np.array([np.nan], np.float32)])], [(448.0, 0.0, "max")], True)
+    assert ns[0][0] == 7.0 and np.isnan(nh[0][2])  # NaN keeps the old scale and enters the window
+
+
+def test_next_groups_errors():
+    h, s, a = np.zeros(4, np.float32), np.ones(1, np.float32), np.ones(1, np.float32)
+    ok_h, ok_s = np.zeros(4, np.float32), np.zeros(1, np.float32)
+
+    def call(nh, ns, am=a):
+        _C.delayed_scaling_next(
+            [([tensor(h)], [tensor(s)], [tensor(am)], [tensor(nh)], [tensor(ns)], 448.0, 0.0, MAX)]
+        )
+
+    with pytest.raises(ValueError, match=r"next\[0\]\.next_amax_histories\[0\]\.shape: expected \[4\]"):
+        call(np.zeros(3, np.float32), ok_s)
+    with pytest.raises(ValueError, match=r"next\[0\]\.next_scales\[0\]"):
+        call(ok_h, np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match=r"next\[0\]\.amaxes\[0\]"):
+        call(ok_h, ok_s, np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="overlaps an input"):
+        _C.delayed_scaling_next(
+            [([tensor(h)], [tensor(s)], None, [tensor(h)], [tensor(ok_s)], 448.0, 0.0, MAX)]
+        )
+    with pytest.raises(ValueError, match="overlap; expected separate buffers"):
+        _C.delayed_scaling_next(
+            [([tensor(h)], [tensor(s)], None, [tensor(ok_h)], [tensor(ok_h[:1])], 448.0, 0.0, MAX)]
+        )
+    with pytest.raises(ValueError, match=r"groups\[0\]: expected 1 scales"):
+        _C.delayed_scaling_next([([tensor(h)], [], None, [tensor(ok_h)], [tensor(ok_s)], 448.0, 0.0, MAX)])
+    _C.delayed_scaling_next([])  # no groups: nothing to do

@@ -125,7 +125,8 @@ def test_empty_rows():
 
 
 @pytest.mark.parametrize(
-    "case", ["delayed", "delayed_ct", "current_ct", "current_colonly", "block1d", "block1d_fp32"]
+    "case",
+    ["delayed", "delayed_ct", "delayed_reset", "current_ct", "current_colonly", "block1d", "block1d_fp32"],
 )
 @pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])

@@ -60,6 +60,28 @@ def test_delayed_reads_scale_and_accumulates_amax(shape, dtype, fmt):
     assert q.amax[0] == np.float32(1e30)
 
 
+@pytest.mark.parametrize("dtype", SOURCE_TYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", [(1, 1), (129, 257), (0, 5)], ids=str)
+def test_delayed_reset_amax_writes_this_calls_amax(shape, dtype):
+    """reset_amax (te_jax's fresh amax result): whatever the buffer held, amax = amax(x); the
+    quantized bytes are the accumulating call's."""
+    rng = rng_for("delayed reset", shape, dtype_id(dtype))
+    x = finite_awkward(rng, shape, dtype, O.E4M3, scale=2.0, huge=False)
+    for garbage in [1e30, np.nan, -5.0]:
+        q = Quantized(PT, shape, O.E4M3, amax=garbage, scale=2.0).quantize(x, cfg(reset_amax=True))
+        check_output(q, x, np.float32(2.0), f"reset from {garbage}")
+        assert_float_equal(q.amax, np.array([O.amax(x)], np.float32), f"amax reset from {garbage}")
+    with pytest.raises(ValueError, match=r"config->reset_amax: only for delayed scaling"):
+        Quantized(PT, shape, O.E4M3, amax=0.0, scale=2.0).quantize(
+            x, cfg(compute_scale=True, reset_amax=True)
+        )
+    with pytest.raises(ValueError, match=r"output->amax: config->reset_amax = 1 needs the fp32 \[1\] amax"):
+        Quantized(PT, shape, O.E4M3, scale=2.0).quantize(x, cfg(reset_amax=True))
+    block = int(_C.ScalingMode.BLOCK_1D)
+    with pytest.raises(ValueError, match=r"config->reset_amax: not supported by scaling mode block_1d"):
+        Quantized(block, shape, O.E4M3).quantize(x, cfg(reset_amax=True))
+
+
 def test_delayed_non_power_of_two_scale_and_no_amax_buffer():
     rng = rng_for("delayed-np2")
     for fmt in FMTS:

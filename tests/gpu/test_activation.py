@@ -57,6 +57,7 @@ POISON_F32_BITS = 0x7FBADBAD
 CASES = {
     "delayed": (M.PER_TENSOR, True, False, 0.25, 3.0, {}),
     "delayed_ct": (M.PER_TENSOR, True, True, 0.0, 0.5, {}),
+    "delayed_reset": (M.PER_TENSOR, True, True, 1e30, 0.5, {"reset_amax": True}),
     "current": (M.PER_TENSOR, True, False, 0.0, 1.0, {"compute_scale": True}),
     "current_ct": (M.PER_TENSOR, True, True, 0.0, 1.0, {"compute_scale": True}),
     "current_colonly": (M.PER_TENSOR, False, True, 0.0, None, {"compute_scale": True}),

@@ -191,6 +191,7 @@ def per_tensor(
     scale0=1.0,
     pow2=False,
     eps=0.0,
+    reset=False,
 ):
     torch = _torch()
     rows, cols = rows_cols(tuple(x.shape))
@@ -211,7 +212,7 @@ def per_tensor(
         amax=desc(amax, f),
         scale=desc(scale, f),
     )
-    cfg = _C.QuantConfig(compute_scale=current, force_pow2_scales=pow2, amax_epsilon=eps)
+    cfg = _C.QuantConfig(compute_scale=current, force_pow2_scales=pow2, amax_epsilon=eps, reset_amax=reset)
     _C.quantize(desc(xi, src_enum(dtype)), q, cfg, stream_of(xi))
     return dict(rw=rw, cw=cw, rs=rs, cs=cs if columnwise else None, amax=amax, scale=scale)
 
@@ -246,6 +247,12 @@ def test_delayed_cast_transpose_with_amax_accumulation(shape, dtype, fmt, unalig
         if x2.numel():
             f32_amax0 = torch.tensor(amax0, dtype=torch.float32).item()
             assert cpu["amax"].item() == max(f32_amax0, x2.float().abs().max().item())
+    # reset_amax (te_jax's fresh result buffer): the earlier amax is dropped on both backends
+    cpu, gpu = both(
+        lambda d: per_tensor(x2, dtype, fmt, d, current=False, amax0=1e30, scale0=2.0, reset=True)
+    )
+    compare(cpu, gpu, "delayed reset_amax")
+    assert gpu["amax"].item() == (x2.float().abs().max().item() if x2.numel() else 0.0)
 
 
 @pytest.mark.parametrize("unaligned", [False, True], ids=["aligned", "unaligned"])
@@ -482,3 +489,64 @@ def test_delayed_scaling_update_groups(sizes):
         for i in range(len(chs)):
             same_floats(ghs[i], chs[i], f"groups[{k}] history {i}")
             same_floats(gss[i], css[i], f"groups[{k}] scale {i}")
+
+
+@pytest.mark.parametrize("count", [3, 150])  # the small parameter block (<= 4), and 48 at a time
+def test_delayed_scaling_next_groups(count):
+    """te_delayed_scaling_next_groups (te_jax's out-of-place update with this step's amaxes):
+    GPU against CPU bit for bit, on histories up to 1100 steps and 70 columns, with NaN, inf and
+    zero amaxes; the inputs keep their bytes."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(zlib.crc32(repr(("dsn", count)).encode()))
+    params = [(448.0, 0.0, int(_C.AmaxComputeAlgo.MAX)), (57344.0, 2.0, int(_C.AmaxComputeAlgo.MOST_RECENT))]
+    groups = []
+    for _ in range(2):
+        hs, ss, am = [], [], []
+        for i in range(count):
+            L = int(torch.randint(1, 1100 if i % 25 == 0 else 20, (1,), generator=g))
+            cols = int(torch.randint(1, 71 if i % 50 == 25 else 9, (1,), generator=g))
+            shape = (L,) if i % 3 == 0 else (L, cols)
+            n = 1 if len(shape) == 1 else cols
+            hs.append(torch.exp2(torch.empty(shape).uniform_(-60, 40, generator=g)))
+            ss.append(torch.rand(n, generator=g) * 10 + 0.1)
+            a = torch.exp2(torch.empty(n).uniform_(-60, 40, generator=g))
+            m = torch.rand(n, generator=g)
+            a[m < 0.1] = 0.0
+            a[(m >= 0.1) & (m < 0.15)] = float("nan")
+            a[(m >= 0.15) & (m < 0.2)] = float("inf")
+            am.append(a)
+        groups.append((hs, ss, am))
+
+    def run(device):
+        f = int(D.FLOAT32)
+        mine = [tuple([t.to(device).clone() for t in part] for part in grp) for grp in groups]
+        outs = [
+            (
+                [poison_f32(tuple(t.shape), device) for t in hs],
+                [poison_f32(tuple(t.shape), device) for t in ss],
+            )
+            for hs, ss, _ in mine
+        ]
+        _C.delayed_scaling_next(
+            [
+                (
+                    [desc(t, f) for t in hs],
+                    [desc(t, f) for t in ss],
+                    [desc(t, f) for t in am],
+                    [desc(t, f) for t in nh],
+                    [desc(t, f) for t in ns],
+                    *p,
+                )
+                for (hs, ss, am), (nh, ns), p in zip(mine, outs, params, strict=True)
+            ],
+            stream_of(mine[0][0][0]),
+        )
+        return mine, outs
+
+    (cin, cout), (gin, gout) = both(run)
+    for k in range(2):
+        for i in range(count):
+            same_floats(gout[k][0][i], cout[k][0][i], f"groups[{k}] next history {i}")
+            same_floats(gout[k][1][i], cout[k][1][i], f"groups[{k}] next scale {i}")
+            for part in range(3):
+                same_floats(gin[k][part][i], groups[k][part][i], f"groups[{k}] input {part} {i} unchanged")

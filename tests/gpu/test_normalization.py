@@ -264,6 +264,7 @@ FP8_CASES = {
     "delayed": (PT, True, False, 0.25, 3.0, {}),
     "delayed_ct": (PT, True, True, 0.0, 0.5, {}),
     "delayed_colonly": (PT, False, True, 0.5, 2.0, {}),
+    "delayed_reset": (PT, True, True, 1e30, 0.5, {"reset_amax": True}),
     "current": (PT, True, False, 5.0, 1.0, {"compute_scale": True}),
     "current_ct": (PT, True, True, 0.0, 1.0, {"compute_scale": True, "force_pow2_scales": True}),
     "current_colonly": (PT, False, True, 0.0, None, {"compute_scale": True, "amax_epsilon": 1e-3}),
@@ -346,6 +347,9 @@ def check_fp8(shape, case, fmt, x, gamma, beta, rms, unaligned=False, zcg=True):
         same_bits(fused[k], sep[k], f"{what}: {k} vs te_quantize of the fp32 y")
     if "rs" in fused and FP8_CASES[case][0] != PT and x.numel():
         assert (fused["rs"].cpu().view(torch.int32) != POISON_F32_BITS).any(), "no scale written"
+    if "amax" in fused and FP8_CASES[case][5].get("reset_amax"):
+        want = y32["y"].abs().max().item() if x.numel() else 0.0
+        assert fused["amax"].item() == want, f"{what}: reset amax is max |y|, not the 1e30 it held"
     if "amax" in fused and FP8_CASES[case][5].get("compute_scale") and x.numel():
         want = y32["y"].abs().max().item()
         if not FP8_CASES[case][5].get("use_existing_amax"):

@@ -78,6 +78,7 @@ void activation_fwd(const te_tensor* input, te_quantized_tensor* output, int32_t
   a.in_dtype = input->dtype;
   matrix_dims(result, &a.rows, &a.cols);
   a.in_cols = input->shape[input->ndim - 1];
+  reset_amax_if_asked(a.out, input->device, stream);
   dispatch(input->device, "input", [&] { cpu::activation_fwd(a, stream); },
            [&] { cuda::activation_fwd(a, stream); });
 }
@@ -115,6 +116,7 @@ void activation_bwd(const te_tensor* grad, const te_tensor* input, te_quantized_
   a.in_cols = input->shape[input->ndim - 1];
   a.dbias = with_dbias ? dbias->data : nullptr;
   a.dbias_dtype = with_dbias ? dbias->dtype : TE_DTYPE_FLOAT32;
+  reset_amax_if_asked(a.dx, input->device, stream);
   dispatch(input->device, "input", [&] { cpu::activation_bwd(a, stream); },
            [&] { cuda::activation_bwd(a, stream); });
 }
@@ -132,6 +134,7 @@ void dbias_quantize(const te_tensor* input, te_quantized_tensor* output, te_tens
   matrix_dims(*input, &a.rows, &a.cols);
   a.dbias = dbias->data;
   a.dbias_dtype = dbias->dtype;
+  reset_amax_if_asked(a.out, input->device, stream);
   dispatch(input->device, "input", [&] { cpu::dbias_quantize(a, stream); },
            [&] { cuda::dbias_quantize(a, stream); });
 }

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,64 @@ void add_group(const te_delayed_scaling_group& g, const std::string& prefix, Cal
   }
 }
 
+// Bytes [begin, end) of a present tensor, for the overlap check.
+struct Span {
+  uintptr_t begin, end;
+};
+Span bytes_of(const te_tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + static_cast<uintptr_t>(te::numel(t)) * 4u};
+}
+bool overlap(Span a, Span b) { return a.begin < b.end && b.begin < a.end; }
+
+// Checks group g's out-of-place half against the entries add_group made of the group (the last
+// g.count of `entries`) and points them at the outputs, the old state becoming their inputs.
+void add_next(const te_delayed_scaling_group& g, const te_delayed_scaling_next& nx,
+              const std::string& prefix, const CallDevice& call,
+              std::vector<te::DelayedScalingEntry>* entries, std::vector<Span>* inputs,
+              std::vector<Span>* outputs) {
+  if (g.count == 0) return;
+  TE_CHECK_ARG(nx.next_amax_histories != nullptr && nx.next_scales != nullptr, prefix,
+               "next_amax_histories, ", prefix, "next_scales: expected arrays of ", g.count,
+               " descriptors, got NULL");
+  const size_t first = entries->size() - static_cast<size_t>(g.count);
+  for (int64_t i = 0; i < g.count; ++i) {
+    const std::string index = "[" + std::to_string(i) + "]";
+    const te_tensor& hist = g.amax_histories[i];
+    const te_tensor& out_h = nx.next_amax_histories[i];
+    const te_tensor& out_s = nx.next_scales[i];
+    te::DelayedScalingEntry& e = (*entries)[first + static_cast<size_t>(i)];
+    const std::string h_name = prefix + "next_amax_histories" + index;
+    const std::string s_name = prefix + "next_scales" + index;
+    te::check_tensor(out_h, h_name);
+    te::check_dtype(out_h, h_name, {TE_DTYPE_FLOAT32});
+    te::check_shape(out_h, h_name, std::vector<int64_t>(hist.shape, hist.shape + hist.ndim),
+                    "the shape of the amax history it follows");
+    te::check_same_device(out_h, h_name, call.device, call.name);
+    te::check_tensor(out_s, s_name);
+    te::check_dtype(out_s, s_name, {TE_DTYPE_FLOAT32});
+    te::check_numel(out_s, s_name, e.num);
+    te::check_same_device(out_s, s_name, call.device, call.name);
+    if (nx.amaxes != nullptr) {
+      const std::string a_name = prefix + "amaxes" + index;
+      te::check_tensor(nx.amaxes[i], a_name);
+      te::check_dtype(nx.amaxes[i], a_name, {TE_DTYPE_FLOAT32});
+      te::check_numel(nx.amaxes[i], a_name, e.num);
+      te::check_same_device(nx.amaxes[i], a_name, call.device, call.name);
+      e.amax = static_cast<const float*>(nx.amaxes[i].data);
+      inputs->push_back(bytes_of(nx.amaxes[i]));
+    }
+    inputs->push_back(bytes_of(hist));
+    inputs->push_back(bytes_of(g.scales[i]));
+    outputs->push_back(bytes_of(out_h));
+    outputs->push_back(bytes_of(out_s));
+    e.history_in = e.amax_history;
+    e.scale_in = e.scale;
+    e.amax_history = static_cast<float*>(out_h.data);
+    e.scale = static_cast<float*>(out_s.data);
+  }
+}
+
 void run(const std::vector<te::DelayedScalingEntry>& entries, const CallDevice& call, void* stream) {
   if (entries.empty()) return;
   const auto count = static_cast<int64_t>(entries.size());
@@ -106,6 +165,40 @@ extern "C" te_status te_delayed_scaling_update_groups(const te_delayed_scaling_g
     std::vector<te::DelayedScalingEntry> entries;
     for (int64_t g = 0; g < num_groups; ++g)
       add_group(groups[g], "groups[" + std::to_string(g) + "].", &call, &entries);
+    run(entries, call, stream);
+  });
+}
+
+extern "C" te_status te_delayed_scaling_next_groups(const te_delayed_scaling_group* groups,
+                                                    const te_delayed_scaling_next* next,
+                                                    int64_t num_groups, void* stream) {
+  return te::guard("te_delayed_scaling_next_groups", [&] {
+    TE_CHECK_ARG(num_groups >= 0, "num_groups: expected >= 0, got ", num_groups);
+    if (num_groups == 0) return;
+    TE_CHECK_ARG(groups != nullptr && next != nullptr, "groups, next: expected arrays of ",
+                 num_groups, " te_delayed_scaling_group / te_delayed_scaling_next, got NULL");
+    CallDevice call;
+    std::vector<te::DelayedScalingEntry> entries;
+    std::vector<Span> inputs, outputs;
+    for (int64_t g = 0; g < num_groups; ++g) {
+      const std::string prefix = "groups[" + std::to_string(g) + "].";
+      add_group(groups[g], prefix, &call, &entries);
+      add_next(groups[g], next[g], "next[" + std::to_string(g) + "].", call, &entries, &inputs,
+               &outputs);
+    }
+    // Every output against every buffer before it: the kernel reads inputs while other CTAs
+    // write outputs, so any shared byte would race. A step's few dozen entries make this cheap.
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      for (const Span& in : inputs) {
+        TE_CHECK_ARG(!overlap(outputs[o], in), "next: output buffer ", o,
+                     " (entry ", o / 2, "'s ", o % 2 ? "next_scales" : "next_amax_histories",
+                     ") overlaps an input history, scale or amax; expected separate buffers");
+      }
+      for (size_t p = 0; p < o; ++p) {
+        TE_CHECK_ARG(!overlap(outputs[o], outputs[p]), "next: output buffers ", p, " and ", o,
+                     " overlap; expected separate buffers");
+      }
+    }
     run(entries, call, stream);
   });
 }

@@ -104,6 +104,7 @@ void norm_fwd(bool rms, const te_tensor* input, const te_tensor* gamma, const te
   a.zero_centered_gamma = cfg.zero_centered_gamma != 0;
   a.mu = given(mu) ? static_cast<float*>(mu->data) : nullptr;
   a.rsigma = given(rsigma) ? static_cast<float*>(rsigma->data) : nullptr;
+  reset_amax_if_asked(a.out, input->device, stream);
   dispatch(input->device, "input", [&] { cpu::norm_fwd(a, stream); },
            [&] { cuda::norm_fwd(a, stream); });
 }

@@ -33,6 +33,7 @@ void quantize(const te_tensor* input, te_quantized_tensor* output, const te_quan
   FusedOutput plan;
   plan_quantize(*input, output, config, "output", "config", &plan);
   if (plan.kind == kFusedPerTensor) {
+    reset_amax_if_asked(plan, input->device, stream);
     dispatch(input->device, "input", [&] { cpu::quantize_per_tensor(plan.per_tensor, stream); },
              [&] { cuda::quantize_per_tensor(plan.per_tensor, stream); });
   } else {

@@ -108,6 +108,8 @@ MxQuantizePlan plan_quantize_mx(const te_tensor& source, te_quantized_tensor* ou
                cfg.force_pow2_scales);
   TE_CHECK_ARG(cfg.amax_epsilon == 0.0f, "config->amax_epsilon: expected 0 for scaling mode ",
                mode_name, " (its scale rule is fixed by NUMERICS.md), got ", cfg.amax_epsilon);
+  TE_CHECK_ARG(!cfg.reset_amax, "config->reset_amax: only for per_tensor delayed scaling, got 1 "
+               "with scaling mode ", mode_name);
 
   MxQuantizePlan plan{};
   plan.nvfp4 = nvfp4;

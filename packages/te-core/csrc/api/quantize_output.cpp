@@ -63,6 +63,11 @@ te_quant_config read_quant_config(const te_quant_config* config, const std::stri
                "->stochastic_rounding: expected 0 or 1, got ", c.stochastic_rounding);
   TE_CHECK_ARG(!present(c.rng_state) || c.stochastic_rounding, name,
                "->rng_state: only read with stochastic_rounding = 1, got a buffer with 0");
+  TE_CHECK_ARG(c.reset_amax == 0 || c.reset_amax == 1, name,
+               "->reset_amax: expected 0 or 1, got ", c.reset_amax);
+  TE_CHECK_ARG(!c.reset_amax || !c.compute_scale, name,
+               "->reset_amax: only for delayed scaling (compute_scale = 0; current scaling "
+               "always writes amax), got compute_scale = 1");
   return c;
 }
 
@@ -145,8 +150,11 @@ void plan_quantize(const te_tensor& source, te_quantized_tensor* output,
     }
     if (present(output->amax)) check_scalar(output->amax, name + "->amax", source);
     if (present(output->scale)) check_scalar(output->scale, name + "->scale", source);
+    TE_CHECK_ARG(!cfg.reset_amax || present(output->amax), name, "->amax: ", config_name,
+                 "->reset_amax = 1 needs the fp32 [1] amax buffer to write, got NULL");
     a.amax = static_cast<float*>(output->amax.data);
     a.scale = static_cast<float*>(output->scale.data);
+    out->reset_amax = cfg.reset_amax != 0;
     return;
   }
 
@@ -157,6 +165,8 @@ void plan_quantize(const te_tensor& source, te_quantized_tensor* output,
   TE_CHECK_ARG(!cfg.use_existing_amax, config_name,
                "->use_existing_amax: not supported by scaling mode ", mode_name,
                " (per-block amaxes are always computed)");
+  TE_CHECK_ARG(!cfg.reset_amax, config_name, "->reset_amax: not supported by scaling mode ",
+               mode_name, " (it has no amax)");
   out->kind = kFusedBlock;
   BlockQuantizeArgs& a = out->block;
   a.input = source.data;
@@ -174,6 +184,14 @@ void plan_quantize(const te_tensor& source, te_quantized_tensor* output,
   a.columnwise_scale_ld = columnwise ? output->columnwise_scale_inv.shape[1] : 0;
   a.force_pow2_scales = cfg.force_pow2_scales != 0;
   a.amax_epsilon = cfg.amax_epsilon;
+}
+
+void reset_amax_if_asked(const FusedOutput& out, const te_device& device, void* stream) {
+  if (out.kind != kFusedPerTensor || !out.reset_amax) return;
+  // The amax of no elements is 0: the backends' own zeroing of an amax slot.
+  float* amax = out.per_tensor.amax;
+  dispatch(device, "amax", [&] { cpu::amax(nullptr, TE_DTYPE_FLOAT32, 0, amax, stream); },
+           [&] { cuda::amax(nullptr, TE_DTYPE_FLOAT32, 0, amax, stream); });
 }
 
 FusedOutput plan_fused_output(const te_tensor& shape, te_quantized_tensor* output,

@@ -29,4 +29,8 @@ FusedOutput plan_fused_output(const te_tensor& shape, te_quantized_tensor* outpu
                               const te_quant_config* config, const std::string& name,
                               const std::string& config_name);
 
+// Zeroes a per-tensor output's amax when the config asked for reset_amax: run it on the stream
+// before the kernel, which then max-accumulates into 0.
+void reset_amax_if_asked(const FusedOutput& out, const te_device& device, void* stream);
+
 }  // namespace te

@@ -72,12 +72,18 @@ struct DequantizeArgs {
 // Delayed-scaling update (te/recipe.h); scaled_max = fp8_max * 2^-margin, computed by the caller
 // on the host so both backends use the same value.
 struct DelayedScalingEntry {
-  float* amax_history;      // [history_len, num]
-  float* scale;             // [num]
+  float* amax_history;      // [history_len, num]: the next history (in place: also the old one)
+  float* scale;             // [num]: the next scales
   int64_t history_len;
   int64_t num;
   float scaled_max;         // fp8_max * 2^-margin of this entry's format
   int32_t amax_compute_algo;
+  // Out of place (te_delayed_scaling_next_groups): the old history and scales, never written
+  // and not overlapping the outputs; nullptr updates amax_history and scale in place.
+  const float* history_in = nullptr;
+  const float* scale_in = nullptr;
+  // nullptr, or [num]: this step's amaxes, folded in first as history[0] = max(history[0], amax)
+  const float* amax = nullptr;
 };
 
 // One GEMM operand as the kernel reads it: the API has already picked the copy (row-wise or
@@ -128,6 +134,7 @@ struct FusedOutput {
   int32_t dtype;            // high precision: fp32/fp16/bf16
   PerTensorQuantizeArgs per_tensor;
   BlockQuantizeArgs block;
+  bool reset_amax;          // per tensor, delayed: zero per_tensor.amax before the kernel runs
 };
 
 // LayerNorm / RMSNorm forward (te/normalization.h has the formulas).

@@ -4,7 +4,8 @@
 //   scale[n] = delayed_scale_from_amax(amax[n], scaled_max, scale[n]);
 // (algo and scaled_max are the entry's own: one call may update E4M3 and E5M2 histories.)
 //   then the rows roll by one, new[j] = old[j + 1], new[L - 1] = old[0], and new[0] = 0.
-// Rows are walked in memory order and the roll moves whole rows.
+// Rows are walked in memory order and the roll moves whole rows. Out of place (history_in set)
+// the old rows are read from there; an entry's amax is folded into the first row before anything.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -18,22 +19,25 @@ namespace cpu {
 
 void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, void* /*stream*/) {
   for (int64_t i = 0; i < count; ++i) {
-    float* history = entries[i].amax_history;
-    const int64_t len = entries[i].history_len, num = entries[i].num;
-    const float scaled_max = entries[i].scaled_max;
+    const DelayedScalingEntry& e = entries[i];
+    float* history = e.amax_history;
+    const float* old = e.history_in != nullptr ? e.history_in : history;
+    const float* old_scale = e.scale_in != nullptr ? e.scale_in : e.scale;
+    const int64_t len = e.history_len, num = e.num;
 
-    std::vector<float> first(history, history + num);
+    std::vector<float> first(old, old + num);
+    if (e.amax != nullptr)
+      for (int64_t n = 0; n < num; ++n) first[n] = nan_max(first[n], e.amax[n]);
     std::vector<float> window_amax = first;
-    if (entries[i].amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
+    if (e.amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
       for (int64_t j = 1; j < len; ++j)
         for (int64_t n = 0; n < num; ++n)
-          window_amax[n] = nan_max(window_amax[n], history[j * num + n]);
+          window_amax[n] = nan_max(window_amax[n], old[j * num + n]);
     }
     for (int64_t n = 0; n < num; ++n)
-      entries[i].scale[n] =
-          delayed_scale_from_amax(window_amax[n], scaled_max, entries[i].scale[n]);
+      e.scale[n] = delayed_scale_from_amax(window_amax[n], e.scaled_max, old_scale[n]);
 
-    std::copy(history + num, history + len * num, history);
+    std::copy(old + num, old + len * num, history);
     std::copy(first.begin(), first.end(), history + (len - 1) * num);
     std::fill(history, history + num, 0.0f);
   }

@@ -1,7 +1,7 @@
-// Delayed-scaling update (te/recipe.h, NUMERICS.md) for a batch of histories, one launch per 64
-// entries (one launch in practice: the entries travel by value in the kernel's parameter block).
-// A batch of at most 4 entries (a model of a few layers, or one updated alone) launches with a
-// parameter block of 4 (~0.2 KB instead of ~3.1 KB): the driver copies the whole block into the
+// Delayed-scaling update (te/recipe.h, NUMERICS.md) for a batch of histories, one launch per 48
+// entries (one launch in practice: the entries travel by value in the kernel's parameter block,
+// 48 of them ~3.4 KB, under the classic 4 KB limit). A batch of at most 4 entries (a model of a
+// few layers, or one updated alone) launches with a parameter block of 4 (~0.3 KB): the driver copies the whole block into the
 // launch, and a small model's step makes one such launch (its forward and backward histories
 // together: each entry carries its own scaled_max and algo, te_delayed_scaling_update_groups).
 // Per column n of an entry's history [L, N] (element (j, n) at j * N + n):
@@ -14,7 +14,8 @@
 // kRowsPerThread steps per row of threads: each thread reads its old[j + 1] of the segment, a
 // barrier, then it writes their new[j]. A segment's writes (positions < j0 + S) never touch what
 // the next segment reads (positions > j0 + S), so one barrier per segment suffices; old[0] is read
-// before the first barrier and written back last.
+// before the first barrier and written back last. Out of place (te_delayed_scaling_next_groups)
+// the reads come from history_in, which no write touches; an entry's amax joins old[0] first.
 #include <cmath>
 
 #include "common/kernels.h"
@@ -26,7 +27,7 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxEntries = 64;
+constexpr int kMaxEntries = 48;
 constexpr int kFewEntries = 4;
 // Rows of its column a thread loads before a segment's barrier: all in flight at once, so a
 // 1024-step history of a few columns takes one segment (one barrier), not 16.
@@ -59,8 +60,10 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
   const int64_t n = (b - p.block_start[e]) * cw + c;
   const bool valid = n < num;
   float* h = entry.amax_history;
+  const float* old = entry.history_in != nullptr ? entry.history_in : h;
 
-  const float first = (valid && r == 0) ? h[n] : 0.0f;
+  float first = (valid && r == 0) ? old[n] : 0.0f;
+  if (entry.amax != nullptr && valid && r == 0) first = nan_max(first, entry.amax[n]);
   float m = r == 0 ? first : -INFINITY;  // -inf: the identity of nan_max
   const int64_t segment = static_cast<int64_t>(rows_per_step) * kRowsPerThread;
   for (int64_t j0 = 0; j0 < len - 1; j0 += segment) {
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
 #pragma unroll
     for (int k = 0; k < kRowsPerThread; ++k) {
       const int64_t j = j0 + r + static_cast<int64_t>(k) * rows_per_step;
-      v[k] = valid && j + 1 < len ? h[(j + 1) * num + n] : -INFINITY;
+      v[k] = valid && j + 1 < len ? old[(j + 1) * num + n] : -INFINITY;
     }
 #pragma unroll
     for (int k = 0; k < kRowsPerThread; ++k) m = nan_max(m, v[k]);
@@ -87,7 +90,8 @@ __global__ void __launch_bounds__(kThreads) delayed_scaling_update_kernel(const 
     if (entry.amax_compute_algo == TE_AMAX_COMPUTE_MAX) {
       for (int k = 0; k < rows_per_step; ++k) amax = nan_max(amax, partial[k * cw + c]);
     }
-    entry.scale[n] = delayed_scale_from_amax(amax, entry.scaled_max, entry.scale[n]);
+    const float* old_scale = entry.scale_in != nullptr ? entry.scale_in : entry.scale;
+    entry.scale[n] = delayed_scale_from_amax(amax, entry.scaled_max, old_scale[n]);
     if (len > 1) h[(len - 1) * num + n] = first;
     h[n] = 0.0f;
   }

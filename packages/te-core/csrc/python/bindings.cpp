@@ -298,7 +298,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<te_quant_config>(m, "QuantConfig", "te_quant_config")
       .def(py::init([](bool compute_scale, bool use_existing_amax, bool force_pow2_scales,
                        float amax_epsilon, bool with_2d_quantization, bool stochastic_rounding,
-                       uint64_t rng_seed, uint64_t rng_offset, std::optional<te_tensor> rng_state) {
+                       uint64_t rng_seed, uint64_t rng_offset, std::optional<te_tensor> rng_state,
+                       bool reset_amax) {
              te_quant_config c = te_quant_config_init();
              c.compute_scale = compute_scale;
              c.use_existing_amax = use_existing_amax;
@@ -309,12 +310,14 @@ PYBIND11_MODULE(_C, m) {
              c.rng_seed = rng_seed;
              c.rng_offset = rng_offset;
              c.rng_state = or_absent(rng_state);
+             c.reset_amax = reset_amax;
              return c;
            }),
            py::arg("compute_scale") = false, py::arg("use_existing_amax") = false,
            py::arg("force_pow2_scales") = false, py::arg("amax_epsilon") = 0.0f,
            py::arg("with_2d_quantization") = false, py::arg("stochastic_rounding") = false,
-           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0, py::arg("rng_state") = py::none())
+           py::arg("rng_seed") = 0, py::arg("rng_offset") = 0, py::arg("rng_state") = py::none(),
+           py::arg("reset_amax") = false)
       .def_readwrite("struct_size", &te_quant_config::struct_size)
       .def_readwrite("compute_scale", &te_quant_config::compute_scale)
       .def_readwrite("use_existing_amax", &te_quant_config::use_existing_amax)
@@ -325,6 +328,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("rng_seed", &te_quant_config::rng_seed)
       .def_readwrite("rng_offset", &te_quant_config::rng_offset)
       .def_readwrite("rng_state", &te_quant_config::rng_state)
+      .def_readwrite("reset_amax", &te_quant_config::reset_amax)
       // Picklable, so modules holding quantizers can be deep-copied. rng_state (a device buffer's
       // address) is not carried: a copy reads rng_seed / rng_offset until given its own.
       .def(py::pickle(
@@ -334,10 +338,10 @@ PYBIND11_MODULE(_C, m) {
                                   static_cast<bool>(c.force_pow2_scales), c.amax_epsilon,
                                   static_cast<bool>(c.with_2d_quantization),
                                   static_cast<bool>(c.stochastic_rounding), c.rng_seed,
-                                  c.rng_offset);
+                                  c.rng_offset, static_cast<bool>(c.reset_amax));
           },
           [](const py::tuple& t) {
-            if (t.size() != 8) throw py::value_error("QuantConfig state: expected 8 fields");
+            if (t.size() != 9) throw py::value_error("QuantConfig state: expected 9 fields");
             te_quant_config c = te_quant_config_init();
             c.compute_scale = t[0].cast<bool>();
             c.use_existing_amax = t[1].cast<bool>();
@@ -347,6 +351,7 @@ PYBIND11_MODULE(_C, m) {
             c.stochastic_rounding = t[5].cast<bool>();
             c.rng_seed = t[6].cast<uint64_t>();
             c.rng_offset = t[7].cast<uint64_t>();
+            c.reset_amax = t[8].cast<bool>();
             return c;
           }));
 
@@ -475,6 +480,32 @@ PYBIND11_MODULE(_C, m) {
                                                    as_stream(stream)));
           },
           py::arg("stream") = 0);
+  using NextArgs = std::tuple<std::vector<te_tensor>, std::vector<te_tensor>,
+                              std::optional<std::vector<te_tensor>>, std::vector<te_tensor>,
+                              std::vector<te_tensor>, float, float, int32_t>;
+  m.def(
+      "delayed_scaling_next",
+      [](std::vector<NextArgs> groups, uintptr_t stream) {
+        // Sizes are the C API's to check, except what a descriptor array cannot say: its length.
+        std::vector<te_delayed_scaling_group> g(groups.size());
+        std::vector<te_delayed_scaling_next> nx(groups.size());
+        for (size_t i = 0; i < groups.size(); ++i) {
+          auto& [h, s, a, nh, ns, fp8_max, margin, algo] = groups[i];
+          const size_t n = h.size();
+          if (s.size() != n || nh.size() != n || ns.size() != n || (a && a->size() != n)) {
+            throw py::value_error("groups[" + std::to_string(i) + "]: expected " +
+                                  std::to_string(n) + " scales, amaxes (or None), next "
+                                  "histories and next scales, one per amax history");
+          }
+          g[i] = {h.data(), s.data(), static_cast<int64_t>(n), fp8_max, margin, algo};
+          nx[i] = {a ? a->data() : nullptr, nh.data(), ns.data()};
+        }
+        check(te_delayed_scaling_next_groups(g.data(), nx.data(), static_cast<int64_t>(g.size()),
+                                             as_stream(stream)));
+      },
+      py::arg("groups"), py::arg("stream") = 0,
+      "te_delayed_scaling_next_groups: groups = [(amax_histories, scales, amaxes or None, "
+      "next_amax_histories, next_scales, fp8_max, margin, amax_compute_algo), ...]");
   m.def(
       "quantized_shape",
       [](int32_t scaling_mode, int32_t part, const std::vector<int64_t>& shape) {

@@ -53,6 +53,10 @@ typedef struct te_quant_config {
    * seed that is itself device data (a JAX key under jit, a step replayed from a CUDA graph):
    * the host never has to wait for it. The same (seed, offset) gives the same bits either way. */
   te_tensor rng_state;
+  /* PER_TENSOR delayed scaling only (compute_scale = 0): 1 sets `amax` (required) to this call's
+   * amax(x) instead of max-accumulating into it, for a caller whose amax buffer holds nothing
+   * yet (a fresh XLA result: te_jax), where zeroing it first would cost the caller an op. */
+  int32_t reset_amax;
 } te_quant_config;
 
 static inline te_quant_config te_quant_config_init(void) {

@@ -41,9 +41,27 @@ typedef struct te_delayed_scaling_group {
 
 /* te_delayed_scaling_update of every group, in one CUDA launch where the groups hold at most 4
  * histories together (a step's forward E4M3 and backward E5M2 histories of a small model), else
- * one per 64. Every tensor of every group shares one device. */
+ * one per 48. Every tensor of every group shares one device. */
 TE_API te_status te_delayed_scaling_update_groups(const te_delayed_scaling_group* groups,
                                                   int64_t num_groups, void* stream);
+
+/* Where te_delayed_scaling_next_groups takes this step's amaxes and puts the next state, for
+ * the te_delayed_scaling_group of the same index. */
+typedef struct te_delayed_scaling_next {
+  const te_tensor* amaxes;        /* [count] fp32 [N] each (the amax of each column's tensor this
+                                     step), or NULL: history[0] already holds them */
+  te_tensor* next_amax_histories; /* [count]: the histories' shapes */
+  te_tensor* next_scales;         /* [count]: the scales' shapes */
+} te_delayed_scaling_next;
+
+/* te_delayed_scaling_update_groups out of place, for callers whose state is immutable (XLA,
+ * te_jax): the groups' amax_histories and scales are read, never written. For each history, first
+ * history[0] = max(history[0], amaxes[i]) (NaN propagates), then the update above, its result
+ * written to next[g].next_amax_histories[i] and next[g].next_scales[i], which must not overlap
+ * any input. Same launches as te_delayed_scaling_update_groups. */
+TE_API te_status te_delayed_scaling_next_groups(const te_delayed_scaling_group* groups,
+                                                const te_delayed_scaling_next* next,
+                                                int64_t num_groups, void* stream);
 
 #ifdef __cplusplus
 }
