@@ -184,6 +184,27 @@ def test_flax_collection_updates():
     assert y_hp.shape == (2, 32, 16)
 
 
+def test_compiled_step_copies_no_state_and_updates_in_one_call():
+    """The jitted training step of a delayed-scaled block: XLA inserts no copy (of the state, or
+    of a zeroed amax operand) ahead of te's custom calls, and each op's state update is one
+    te_delayed_update_ffi call (not a few XLA fusions per role)."""
+    r = recipe.DelayedScaling(amax_history_len=16)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 32, 64))
+    model = _Block()
+    with te_jax.autocast(enabled=True, recipe=r):
+        variables = model.init(jax.random.PRNGKey(0), x)
+        params, metas = nn.unbox(variables["params"]), variables[te_jax.flax.FP8_COLLECTION_NAME]
+
+        def loss(params, metas):
+            return jnp.mean(model.apply({"params": params, "fp8_metas": metas}, x) ** 2)
+
+        hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, metas).compile().as_text()
+    entry = hlo[hlo.index("ENTRY") :]
+    copies = [line.strip() for line in entry.splitlines() if " copy(" in line]
+    assert not copies, f"XLA copies in the step: {copies[:3]}"
+    assert hlo.count('custom_call_target="te_delayed_update_ffi"') == 2  # LayerNormMLP, DenseGeneral
+
+
 def test_missing_collection_is_a_clear_error():
     x = jnp.ones((2, 8, 32))
     model = te_jax.flax.DenseGeneral(16)

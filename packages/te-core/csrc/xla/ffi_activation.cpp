@@ -5,7 +5,8 @@
 // te_core._ops.QUANTIZE_OUTPUTS order, high precision (rowwise_data alone, the rest [0]) or FP8
 // exactly as in te_norm_fwd_ffi (ffi_norm.cpp); the FP8 attributes are te_quantize_ffi's.
 // te_act_fwd_ffi
-//   Operands: x [..., K], scale, amax (delayed FP8: fp32 [1], aliased to results 5 and 4).
+//   Operands: x [..., K], scale, amax (delayed FP8: scale fp32 [1], amax [0] or fp32 [1] aliased
+//   to result 4; describe_output in ffi_common.h).
 //   Results: y parts ([..., K/2] for gated kinds). Attributes: activation (te_activation),
 //   quantized, scaling_mode, rowwise, columnwise, compute_scale, force_pow2_scales, amax_epsilon.
 // te_act_bwd_ffi
@@ -23,15 +24,17 @@ namespace {
 using Buf = ffi::AnyBuffer;
 using Ret = ffi::Result<ffi::AnyBuffer>;
 
-te_quant_config quant_config(bool compute_scale, bool force_pow2_scales, float amax_epsilon) {
+te_quant_config quant_config(bool compute_scale, bool force_pow2_scales, float amax_epsilon,
+                             bool reset_amax) {
   te_quant_config c = te_quant_config_init();
   c.compute_scale = compute_scale;
   c.force_pow2_scales = force_pow2_scales;
   c.amax_epsilon = amax_epsilon;
+  c.reset_amax = reset_amax;
   return c;
 }
 
-ffi::Error act_fwd(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf /*amax_in*/,
+ffi::Error act_fwd(te_device device, void* stream, Buf x, Buf scale_in, Buf amax_in,
                    Ret rowwise_data, Ret rowwise_scale_inv, Ret columnwise_data,
                    Ret columnwise_scale_inv, Ret amax, Ret scale, int32_t activation,
                    bool quantized, int32_t scaling_mode, bool rowwise, bool columnwise,
@@ -39,16 +42,19 @@ ffi::Error act_fwd(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf 
   te_tensor t_x;
   TE_FFI_RETURN_IF_ERROR(describe(x, device, true, "x", &t_x));
   te_quantized_tensor y;
+  bool reset_amax;
   TE_FFI_RETURN_IF_ERROR(describe_output(device, quantized, scaling_mode, rowwise, columnwise,
-                                         rowwise_data, rowwise_scale_inv, columnwise_data,
-                                         columnwise_scale_inv, amax, scale, &y));
-  const te_quant_config config = quant_config(compute_scale, force_pow2_scales, amax_epsilon);
+                                         compute_scale, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &y, &reset_amax));
+  const te_quant_config config =
+      quant_config(compute_scale, force_pow2_scales, amax_epsilon, reset_amax);
   const te_status status = te_activation_fwd(&t_x, &y, activation, &config, stream);
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
 
-ffi::Error act_bwd(te_device device, void* stream, Buf grad, Buf x, Buf /*scale_in*/,
-                   Buf /*amax_in*/, Ret rowwise_data, Ret rowwise_scale_inv, Ret columnwise_data,
+ffi::Error act_bwd(te_device device, void* stream, Buf grad, Buf x, Buf scale_in,
+                   Buf amax_in, Ret rowwise_data, Ret rowwise_scale_inv, Ret columnwise_data,
                    Ret columnwise_scale_inv, Ret amax, Ret scale, Ret dbias, int32_t activation,
                    bool quantized, int32_t scaling_mode, bool rowwise, bool columnwise,
                    bool compute_scale, bool force_pow2_scales, float amax_epsilon,
@@ -58,17 +64,20 @@ ffi::Error act_bwd(te_device device, void* stream, Buf grad, Buf x, Buf /*scale_
   TE_FFI_RETURN_IF_ERROR(describe(x, device, true, "x", &t_x));
   TE_FFI_RETURN_IF_ERROR(describe(dbias, device, has_dbias, "dbias", &t_dbias));
   te_quantized_tensor dx;
+  bool reset_amax;
   TE_FFI_RETURN_IF_ERROR(describe_output(device, quantized, scaling_mode, rowwise, columnwise,
-                                         rowwise_data, rowwise_scale_inv, columnwise_data,
-                                         columnwise_scale_inv, amax, scale, &dx));
-  const te_quant_config config = quant_config(compute_scale, force_pow2_scales, amax_epsilon);
+                                         compute_scale, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &dx, &reset_amax));
+  const te_quant_config config =
+      quant_config(compute_scale, force_pow2_scales, amax_epsilon, reset_amax);
   const te_status status = te_activation_bwd(&t_grad, &t_x, &dx, has_dbias ? &t_dbias : nullptr,
                                              activation, &config, stream);
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
 
-ffi::Error dbias_quantize(te_device device, void* stream, Buf x, Buf /*scale_in*/,
-                          Buf /*amax_in*/, Ret rowwise_data, Ret rowwise_scale_inv,
+ffi::Error dbias_quantize(te_device device, void* stream, Buf x, Buf scale_in,
+                          Buf amax_in, Ret rowwise_data, Ret rowwise_scale_inv,
                           Ret columnwise_data, Ret columnwise_scale_inv, Ret amax, Ret scale,
                           Ret dbias, int32_t scaling_mode, bool rowwise, bool columnwise,
                           bool compute_scale, bool force_pow2_scales, float amax_epsilon) {
@@ -76,10 +85,13 @@ ffi::Error dbias_quantize(te_device device, void* stream, Buf x, Buf /*scale_in*
   TE_FFI_RETURN_IF_ERROR(describe(x, device, true, "x", &t_x));
   TE_FFI_RETURN_IF_ERROR(describe(dbias, device, true, "dbias", &t_dbias));
   te_quantized_tensor q;
+  bool reset_amax;
   TE_FFI_RETURN_IF_ERROR(describe_output(device, true, scaling_mode, rowwise, columnwise,
-                                         rowwise_data, rowwise_scale_inv, columnwise_data,
-                                         columnwise_scale_inv, amax, scale, &q));
-  const te_quant_config config = quant_config(compute_scale, force_pow2_scales, amax_epsilon);
+                                         compute_scale, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &q, &reset_amax));
+  const te_quant_config config =
+      quant_config(compute_scale, force_pow2_scales, amax_epsilon, reset_amax);
   const te_status status = te_dbias_quantize(&t_x, &q, &t_dbias, &config, stream);
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }

@@ -132,16 +132,22 @@ auto on_cuda(Body body) {
   };
 }
 
-// The output of a fused op (norm, activation) as a te_quantized_tensor: high precision
-// (`quantized` false: rowwise_data alone, PER_TENSOR) or te_quantize_ffi's six parts for
-// `scaling_mode`. Defined in ffi_norm.cpp.
+// The output of a quantizing op (quantize, norm, activation) as a te_quantized_tensor: high
+// precision (`quantized` false: rowwise_data alone, PER_TENSOR) or te_quantize_ffi's six parts for
+// `scaling_mode`. Delayed scaling (PER_TENSOR, compute_scale false) reads the scale from the
+// `scale_in` operand (result `scale` is [0]): no result aliases it, so XLA copies nothing. An
+// `amax_in` of fp32 [1] is aliased to result `amax` and max-accumulated into; an `amax_in` of [0]
+// leaves result `amax` fresh, and *reset_amax tells the caller to set te_quant_config.reset_amax
+// (this op's amax alone, with no zeroed operand for XLA to copy in). Defined in ffi_norm.cpp.
 ffi::Error describe_output(const te_device& device, bool quantized, int32_t scaling_mode,
-                           bool rowwise, bool columnwise, ffi::Result<ffi::AnyBuffer>& rowwise_data,
+                           bool rowwise, bool columnwise, bool compute_scale,
+                           const ffi::AnyBuffer& scale_in, const ffi::AnyBuffer& amax_in,
+                           ffi::Result<ffi::AnyBuffer>& rowwise_data,
                            ffi::Result<ffi::AnyBuffer>& rowwise_scale_inv,
                            ffi::Result<ffi::AnyBuffer>& columnwise_data,
                            ffi::Result<ffi::AnyBuffer>& columnwise_scale_inv,
                            ffi::Result<ffi::AnyBuffer>& amax, ffi::Result<ffi::AnyBuffer>& scale,
-                           te_quantized_tensor* out);
+                           te_quantized_tensor* out, bool* reset_amax);
 
 // Builder pieces every quantizing op shares. An xla::ffi binding cannot be moved into a local, so
 // each piece takes the chain so far as a temporary and returns it extended.
@@ -194,3 +200,5 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_bwd_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_act_bwd_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dbias_quantize_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_dbias_quantize_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_delayed_update_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_delayed_update_ffi_cuda);

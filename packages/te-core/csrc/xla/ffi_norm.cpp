@@ -2,8 +2,9 @@
 // custom calls.
 //
 // te_norm_fwd_ffi
-//   Operands: x [..., H], gamma [H], beta [H] (layernorm) or [0] (rmsnorm), scale, amax (fp32 [1]
-//   for delayed-scaled FP8 output, else [0]; aliased to results 5 and 4 as te_quantize_ffi does).
+//   Operands: x [..., H], gamma [H], beta [H] (layernorm) or [0] (rmsnorm), scale (fp32 [1] for
+//   delayed-scaled FP8 output, else [0]), amax ([0], or fp32 [1] aliased to result 4 to
+//   accumulate into; describe_output in ffi_common.h).
 //   Results: the output y in te_core._ops.QUANTIZE_OUTPUTS order (rowwise_data, rowwise_scale_inv,
 //   columnwise_data, columnwise_scale_inv, amax, scale), then mu [M] (layernorm; rmsnorm: [0]) and
 //   rsigma [M]; shapes from te_core._ops.norm_fwd_outputs. High-precision output (`quantized`
@@ -38,10 +39,11 @@ ffi::Error check_norm_type(int32_t norm_type) {
 // Shared with ffi_activation.cpp: the output of a fused op as a te_quantized_tensor, either the
 // high-precision rowwise_data alone or te_quantize_ffi's six parts.
 ffi::Error describe_output(const te_device& device, bool quantized, int32_t scaling_mode,
-                           bool rowwise, bool columnwise, Ret& rowwise_data,
-                           Ret& rowwise_scale_inv, Ret& columnwise_data,
-                           Ret& columnwise_scale_inv, Ret& amax, Ret& scale,
-                           te_quantized_tensor* out) {
+                           bool rowwise, bool columnwise, bool compute_scale, const Buf& scale_in,
+                           const Buf& amax_in, Ret& rowwise_data, Ret& rowwise_scale_inv,
+                           Ret& columnwise_data, Ret& columnwise_scale_inv, Ret& amax, Ret& scale,
+                           te_quantized_tensor* out, bool* reset_amax) {
+  *reset_amax = false;
   if (!quantized) {
     *out = te_quantized_tensor_init(TE_SCALING_PER_TENSOR);
     return describe(rowwise_data, device, true, "y", &out->rowwise_data);
@@ -49,6 +51,7 @@ ffi::Error describe_output(const te_device& device, bool quantized, int32_t scal
   *out = te_quantized_tensor_init(scaling_mode);
   const bool stats = scaling_mode == TE_SCALING_PER_TENSOR;
   const bool nvfp4 = scaling_mode == TE_SCALING_NVFP4_1D;  // amax [2], no scale
+  const bool delayed = stats && !compute_scale;
   TE_FFI_RETURN_IF_ERROR(describe_data(rowwise_data, device, rowwise, scaling_mode,
                                        "rowwise_data", &out->rowwise_data));
   TE_FFI_RETURN_IF_ERROR(describe(rowwise_scale_inv, device, rowwise, "rowwise_scale_inv",
@@ -58,13 +61,15 @@ ffi::Error describe_output(const te_device& device, bool quantized, int32_t scal
   TE_FFI_RETURN_IF_ERROR(describe(columnwise_scale_inv, device, columnwise,
                                   "columnwise_scale_inv", &out->columnwise_scale_inv));
   TE_FFI_RETURN_IF_ERROR(describe(amax, device, stats || nvfp4, "amax", &out->amax));
+  *reset_amax = delayed && amax_in.element_count() == 0;
+  if (delayed) return describe(scale_in, device, true, "scale", &out->scale);
   return describe(scale, device, stats, "scale", &out->scale);
 }
 
 namespace {
 
-ffi::Error norm_fwd(te_device device, void* stream, Buf x, Buf gamma, Buf beta, Buf /*scale_in*/,
-                    Buf /*amax_in*/, Ret rowwise_data, Ret rowwise_scale_inv,
+ffi::Error norm_fwd(te_device device, void* stream, Buf x, Buf gamma, Buf beta, Buf scale_in,
+                    Buf amax_in, Ret rowwise_data, Ret rowwise_scale_inv,
                     Ret columnwise_data, Ret columnwise_scale_inv, Ret amax, Ret scale, Ret mu,
                     Ret rsigma, int32_t norm_type, float eps, bool zero_centered_gamma,
                     bool quantized, int32_t scaling_mode, bool rowwise, bool columnwise,
@@ -78,9 +83,11 @@ ffi::Error norm_fwd(te_device device, void* stream, Buf x, Buf gamma, Buf beta, 
   TE_FFI_RETURN_IF_ERROR(describe(mu, device, layernorm, "mu", &t_mu));
   TE_FFI_RETURN_IF_ERROR(describe(rsigma, device, true, "rsigma", &t_rsigma));
   te_quantized_tensor y;
+  bool reset_amax;
   TE_FFI_RETURN_IF_ERROR(describe_output(device, quantized, scaling_mode, rowwise, columnwise,
-                                         rowwise_data, rowwise_scale_inv, columnwise_data,
-                                         columnwise_scale_inv, amax, scale, &y));
+                                         compute_scale, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &y, &reset_amax));
   te_norm_config config = te_norm_config_init();
   config.eps = eps;
   config.zero_centered_gamma = zero_centered_gamma;
@@ -88,6 +95,7 @@ ffi::Error norm_fwd(te_device device, void* stream, Buf x, Buf gamma, Buf beta, 
   qconfig.compute_scale = compute_scale;
   qconfig.force_pow2_scales = force_pow2_scales;
   qconfig.amax_epsilon = amax_epsilon;
+  qconfig.reset_amax = reset_amax;
   const te_status status =
       layernorm ? te_layernorm_fwd(&t_x, &t_gamma, &t_beta, &y, &t_mu, &t_rsigma, &config,
                                    &qconfig, stream)

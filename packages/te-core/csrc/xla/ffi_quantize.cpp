@@ -4,10 +4,11 @@
 // rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax, scale (te_jax
 // takes the shapes from te_core._ops.quantize_outputs; a part not requested has shape [0] and is
 // passed to the C API as absent).
-//   - delayed scaling (per_tensor, compute_scale false): scale and amax are fp32 [1]; te_jax
-//     aliases operand 1 (scale) to result 5 and operand 2 (amax) to result 4, so XLA hands this
-//     handler result buffers that already hold the operands' values. te_quantize reads the scale
-//     there and max-accumulates amax(x) into the amax there: functional in JAX, in place here.
+//   - delayed scaling (per_tensor, compute_scale false): the scale is operand 1, fp32 [1], read
+//     where it is (result 5 is [0]: aliasing it would make XLA copy the scale first). Result 4,
+//     fp32 [1], receives amax(x); given an fp32 [1] operand 2 aliased to it (te_jax.quantize's
+//     running amax), te_quantize max-accumulates into that value instead: functional in JAX, in
+//     place here.
 //   - current scaling (per_tensor, compute_scale true): the scale and amax operands are unused
 //     ([0]); results 4 and 5 receive amax(x) and the scale computed from it.
 //   - block modes and mxfp8_1d: amax and scale are absent everywhere.
@@ -47,7 +48,7 @@ ffi::Error describe_rng_state(const Buf& buffer, const te_device& device, te_ten
   return ffi::Error::Success();
 }
 
-ffi::Error quantize(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf /*amax_in*/,
+ffi::Error quantize(te_device device, void* stream, Buf x, Buf scale_in, Buf amax_in,
                     Buf rng_state, Ret rowwise_data, Ret rowwise_scale_inv, Ret columnwise_data,
                     Ret columnwise_scale_inv, Ret amax, Ret scale, int32_t scaling_mode,
                     bool rowwise, bool columnwise, bool compute_scale, bool force_pow2_scales,
@@ -56,14 +57,17 @@ ffi::Error quantize(te_device device, void* stream, Buf x, Buf /*scale_in*/, Buf
   te_tensor input;
   TE_FFI_RETURN_IF_ERROR(describe(x, device, true, "x", &input));
   te_quantized_tensor q;
+  bool reset_amax;
   TE_FFI_RETURN_IF_ERROR(describe_output(device, true, scaling_mode, rowwise, columnwise,
-                                         rowwise_data, rowwise_scale_inv, columnwise_data,
-                                         columnwise_scale_inv, amax, scale, &q));
+                                         compute_scale, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &q, &reset_amax));
   q.columnwise_rht = columnwise_rht;
   te_quant_config config = te_quant_config_init();
   config.compute_scale = compute_scale;
   config.force_pow2_scales = force_pow2_scales;
   config.amax_epsilon = amax_epsilon;
+  config.reset_amax = reset_amax;
   config.use_existing_amax = use_existing_amax;
   config.with_2d_quantization = with_2d_quantization;
   config.stochastic_rounding = stochastic_rounding;

@@ -33,6 +33,7 @@ constexpr Target kTargets[] = {
     {"te_act_fwd_ffi", te_act_fwd_ffi_cpu, te_act_fwd_ffi_cuda},
     {"te_act_bwd_ffi", te_act_bwd_ffi_cpu, te_act_bwd_ffi_cuda},
     {"te_dbias_quantize_ffi", te_dbias_quantize_ffi_cpu, te_dbias_quantize_ffi_cuda},
+    {"te_delayed_update_ffi", te_delayed_update_ffi_cpu, te_delayed_update_ffi_cuda},
 };
 
 }  // namespace

@@ -87,33 +87,32 @@ def act_fwd(x, kind: int, fp8: _fused.Fp8Out | None = None, scale=None):
     scale when ``fp8.delayed``)."""
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
     parts = _act_fwd(x, scale, kind=kind, fp8=fp8)
-    return _fused.assemble(parts, out_shape, x.dtype, fp8)
+    return _fused.assemble(parts, out_shape, x.dtype, fp8, scale)
 
 
 def act_bwd(grad, x, kind: int, fp8: _fused.Fp8Out | None = None, dbias: bool = False, scale=None):
     """(dx, dbias or None): dx high precision (x's dtype) or a ScaledTensor per ``fp8``."""
     parts = _act_bwd(grad, x, scale, kind=kind, fp8=fp8, dbias=dbias)
-    dx = _fused.assemble(parts[:6], x.shape, x.dtype, fp8)
+    dx = _fused.assemble(parts[:6], x.shape, x.dtype, fp8, scale)
     return dx, (parts[6] if dbias else None)
 
 
 def dbias_quantize(x, fp8: _fused.Fp8Out, scale=None):
     """(x quantized per ``fp8``, the column sums of x [K] in x's dtype), one te kernel."""
     parts = _dbias_quantize(x, scale, fp8=fp8)
-    return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6]
+    return _fused.assemble(parts[:6], x.shape, x.dtype, fp8, scale), parts[6]
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "fp8"))
 def _act_fwd(x, scale, *, kind, fp8):
     out_shape = _ops.activation_out_shape(tuple(x.shape), kind)
-    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
+    scale, amax = _fused.stat_operands(fp8, scale)
     return _ffi.call(
         _ffi.ACT_FWD,
         _fused.output_specs(out_shape, x.dtype, fp8),
         x,
         scale,
         amax,
-        aliases=aliases,
         activation=np.int32(kind),
         **_fused.attrs(fp8),
     )
@@ -124,7 +123,7 @@ def _act_bwd(grad, x, scale, *, kind, fp8, dbias):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), dbias),
     )
-    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=2)
+    scale, amax = _fused.stat_operands(fp8, scale)
     return _ffi.call(
         _ffi.ACT_BWD,
         specs,
@@ -132,7 +131,6 @@ def _act_bwd(grad, x, scale, *, kind, fp8, dbias):
         x,
         scale,
         amax,
-        aliases=aliases,
         activation=np.int32(kind),
         has_dbias=np.bool_(dbias),
         **_fused.attrs(fp8),
@@ -144,14 +142,13 @@ def _dbias_quantize(x, scale, *, fp8):
     specs = _fused.output_specs(x.shape, x.dtype, fp8) + (
         _ops.dbias_output(tuple(x.shape), _dtypes.to_te(x.dtype), True),
     )
-    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=1)
+    scale, amax = _fused.stat_operands(fp8, scale)
     return _ffi.call(
         _ffi.DBIAS_QUANTIZE,
         specs,
         x,
         scale,
         amax,
-        aliases=aliases,
         **_fused.attrs(fp8, with_quantized=False),
     )
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from te_core import _ops
 
+from te_jax import _ffi
 from te_jax._quantizer import FLT_MAX, Plan, Quantizer
 
 _F32 = np.dtype(jnp.float32)
@@ -76,9 +78,16 @@ def _nan_max(history):
     return jnp.max(history)
 
 
+_ALGOS = {"max": 0, "most_recent": 1}  # te_amax_compute_algo
+
+
 def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -> dict:
-    """The next state after one step whose amaxes (fp32 [1], reduced) are ``amaxes[role]``."""
+    """The next state after one step whose amaxes (fp32 [1], reduced) are ``amaxes[role]``:
+    te-core's update of every role in one kernel for the recipe's own rules, the same rule in
+    jnp for a recipe's callables."""
     p = plan.delayed
+    if p.scaling_factor_compute_algo is None and p.amax_compute_algo in _ALGOS:
+        return _update_fused(state, amaxes, roles, p)
     new = {}
     for role, q in roles.items():
         history = state[f"{role}_amax_history"]
@@ -106,4 +115,30 @@ def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -
             new_scale = jnp.where(ok, s, scale)
         new[f"{role}_scale"] = jnp.reshape(new_scale, (1,)).astype(_F32)
         new[f"{role}_amax_history"] = jnp.roll(history, -1).at[0].set(0.0)
+    return new
+
+
+def _update_fused(state: dict, amaxes: dict, roles: dict[str, Quantizer], p) -> dict:
+    # One custom call with fresh results: updating the state operands in place would make XLA
+    # copy them (they are the step's parameters) before the call.
+    operands, results = [], []
+    for role in roles:
+        history = state[f"{role}_amax_history"]
+        operands += [history, state[f"{role}_scale"], jnp.reshape(amaxes[role], (1,)).astype(_F32)]
+        results += [
+            _ops.TensorSpec(tuple(history.shape), _ops.FLOAT32),
+            _ops.TensorSpec((1,), _ops.FLOAT32),
+        ]
+    out = _ffi.call(
+        _ffi.DELAYED_UPDATE,
+        results,
+        *operands,
+        fp8_max=np.array([q.fp8_max for q in roles.values()], np.float32),
+        margin=np.float32(p.margin),
+        amax_compute_algo=np.int32(_ALGOS[p.amax_compute_algo]),
+    )
+    new = {}
+    for i, role in enumerate(roles):
+        new[f"{role}_amax_history"] = out[2 * i]
+        new[f"{role}_scale"] = out[2 * i + 1]
     return new

@@ -28,6 +28,7 @@ NORM_BWD = "te_norm_bwd_ffi"
 ACT_FWD = "te_act_fwd_ffi"
 ACT_BWD = "te_act_bwd_ffi"
 DBIAS_QUANTIZE = "te_dbias_quantize_ffi"
+DELAYED_UPDATE = "te_delayed_update_ffi"
 
 # (te_core's platform name, jax's platform name for register_ffi_target)
 _PLATFORMS = (("cpu", "cpu"), ("cuda", "CUDA"))

@@ -55,10 +55,11 @@ class Fp8Out:
 
 
 def output_specs(shape, hp_dtype, fp8: Fp8Out | None):
-    """The six output specs (te_core._ops.fused_output) of a source of ``shape``."""
+    """The six output specs (te_core._ops.fused_output) of a source of ``shape``; a delayed
+    output's scale is the caller's operand, so its result is [0]."""
     if fp8 is None:
         return _ops.fused_output(tuple(shape), _dtypes.to_te(hp_dtype), None)
-    return _ops.fused_output(
+    specs = _ops.fused_output(
         tuple(shape),
         _dtypes.to_te(fp8.dtype),
         fp8.mode,
@@ -66,6 +67,13 @@ def output_specs(shape, hp_dtype, fp8: Fp8Out | None):
         fp8.columnwise,
         fp8.per_tensor,
     )
+    return without_scale(specs) if fp8.delayed else specs
+
+
+def without_scale(specs):
+    """Quantize-order ``specs`` whose scale result (5) is absent: delayed scaling reads the
+    scale operand where it is (aliasing it to a result made XLA copy it before the step)."""
+    return (*specs[:5], _ops.TensorSpec(_ops.ABSENT_SHAPE, _ops.FLOAT32), *specs[6:])
 
 
 def attrs(fp8: Fp8Out | None, with_quantized: bool = True) -> dict:
@@ -89,24 +97,31 @@ def absent_stats():
     return z, z
 
 
-def stat_operands(fp8: Fp8Out | None, scale, first: int):
-    """(scale, amax, aliases) for an op whose scale operand is operand ``first`` and amax the
-    next: delayed scaling passes ``scale`` (fp32 [1]) and a zero amax, aliased to the results
-    (4: amax, 5: scale) so the handler writes amax(output) there; otherwise [0] placeholders."""
+def stat_operands(fp8: Fp8Out | None, scale):
+    """(scale, amax) operands of an op: delayed scaling passes ``scale`` (fp32 [1]), read by the
+    handler, and a [0] amax, so the handler writes amax(output) to a fresh result (no zeroed
+    operand for XLA to copy in); otherwise [0] placeholders."""
     if fp8 is None or not fp8.delayed:
         if scale is not None:
             raise ValueError("scale: expected None unless the FP8 output is delayed-scaled")
-        return (*absent_stats(), None)
+        return absent_stats()
     if scale is None:
         raise ValueError("scale: expected the delayed scale (fp32 [1]) for a delayed-scaled output")
-    return jnp.reshape(scale.astype(_F32), (1,)), jnp.zeros((1,), _F32), {first: 5, first + 1: 4}
+    return as_scale(scale), absent_stats()[1]
 
 
-def assemble(parts, shape, hp_dtype, fp8: Fp8Out | None):
-    """The six parts as the op's output: the array itself (high precision) or a ScaledTensor."""
-    rw_data, rw_sinv, cw_data, cw_sinv, amax, scale = parts
+def as_scale(scale):
+    """A delayed scale as the handlers take it: fp32 [1]."""
+    return jnp.reshape(scale.astype(_F32), (1,))
+
+
+def assemble(parts, shape, hp_dtype, fp8: Fp8Out | None, scale=None):
+    """The six parts as the op's output: the array itself (high precision) or a ScaledTensor
+    (``scale``: the delayed scale it was quantized with, which the op does not return)."""
+    rw_data, rw_sinv, cw_data, cw_sinv, amax, out_scale = parts
     if fp8 is None:
         return rw_data
+    scale = as_scale(scale) if fp8.delayed else out_scale
     return ScaledTensor(
         data=rw_data if fp8.rowwise else None,
         scale_inv=rw_sinv if fp8.rowwise else None,

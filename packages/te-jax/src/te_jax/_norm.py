@@ -112,13 +112,13 @@ def norm_fwd(x, gamma, beta, cfg: _Config, fp8: _fused.Fp8Out | None = None, sca
     """(y, mu, rsigma): y high precision (x's dtype) or a ScaledTensor per ``fp8`` (``scale``:
     the delayed scale when ``fp8.delayed``; y.amax is then amax(y))."""
     parts = _norm_fwd(x, gamma, beta, scale, cfg=cfg, fp8=fp8)
-    return _fused.assemble(parts[:6], x.shape, x.dtype, fp8), parts[6], parts[7]
+    return _fused.assemble(parts[:6], x.shape, x.dtype, fp8, scale), parts[6], parts[7]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "fp8"))
 def _norm_fwd(x, gamma, beta, scale, *, cfg, fp8):
     specs = _ops.norm_fwd_outputs(tuple(x.shape), cfg.norm_type, _fused.output_specs(x.shape, x.dtype, fp8))
-    scale, amax, aliases = _fused.stat_operands(fp8, scale, first=3)
+    scale, amax = _fused.stat_operands(fp8, scale)
     return _ffi.call(
         _ffi.NORM_FWD,
         specs,
@@ -127,7 +127,6 @@ def _norm_fwd(x, gamma, beta, scale, *, cfg, fp8):
         jnp.zeros(_ops.ABSENT_SHAPE, jnp.float32) if beta is None else beta,  # [0]: no beta
         scale,
         amax,
-        aliases=aliases,
         norm_type=np.int32(cfg.norm_type),
         eps=np.float32(cfg.eps),
         zero_centered_gamma=np.bool_(cfg.zero_centered_gamma),

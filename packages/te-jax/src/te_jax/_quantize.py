@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from te_core import _ops
 
-from te_jax import _dtypes, _ffi
+from te_jax import _dtypes, _ffi, _fused
 from te_jax._scaled_tensor import ScaledTensor
 
 _MODES = {**_ops.SCALING_MODES, **_ops.MX_SCALING_MODES}
@@ -165,7 +165,7 @@ def quantize(
                 "expected scale=None (a given scale is delayed per-tensor scaling)"
             )
         scale = _check_stat(scale, "scale")
-        amax = jnp.zeros((1,), _F32) if amax is None else _check_stat(amax, "amax")
+        amax = None if amax is None else _check_stat(amax, "amax")
     elif amax is not None:
         if not nvfp4:
             raise ValueError(
@@ -190,6 +190,8 @@ def quantize(
     )
     rw_data, rw_sinv, cw_data, cw_sinv, q_amax, q_scale = parts
     per_tensor = mode == _PER_TENSOR
+    if delayed:
+        q_scale = jnp.reshape(scale, (1,))  # read in place by the handler, not returned
     return ScaledTensor(
         data=rw_data if rowwise else None,
         scale_inv=rw_sinv if rowwise else None,
@@ -270,27 +272,25 @@ def _quantize(
     tile_2d,
     rht,
 ):
-    # Per-tensor results always carry amax and scale (fp32 [1]); for delayed scaling they are
-    # the caller's, passed in and aliased to the results (operand 1 -> result 5, 2 -> 4) so the
-    # handler max-accumulates amax in place of a functional copy. NVFP4 results carry the
+    # Per-tensor results carry amax (fp32 [1]) and, for current scaling, the scale. A delayed
+    # scale is read where it is (result 5 is [0]: aliasing it made XLA copy it first); a given
+    # running amax is aliased to result 4 (operand 2 -> 4) so the handler max-accumulates into
+    # it, and without one the handler writes amax(x) to a fresh result. NVFP4 results carry the
     # global amaxes [2]; given ones (use_existing_amax) are aliased the same way.
     per_tensor = mode == _PER_TENSOR
     specs = _ops.quantize_outputs(tuple(x.shape), mode, fp8, rowwise, columnwise, per_tensor)
     delayed = scale is not None
+    if delayed:
+        specs = _fused.without_scale(specs)
     existing = not delayed and amax is not None
     absent = jnp.zeros(_ops.ABSENT_SHAPE, _F32)
-    if delayed:
-        aliases = {1: 5, 2: 4}
-    elif existing:
-        aliases = {2: 4}
-    else:
-        aliases = None
+    aliases = {2: 4} if amax is not None else None
     return _ffi.call(
         _ffi.QUANTIZE,
         specs,
         x,
         scale if delayed else absent,
-        amax if (delayed or existing) else absent,
+        absent if amax is None else amax,
         jnp.zeros(_ops.ABSENT_SHAPE, jnp.uint32) if rng_state is None else rng_state,
         aliases=aliases,
         scaling_mode=np.int32(mode),

@@ -230,7 +230,7 @@ def quantize_operand(
         return _quantize_mx(x, q, rowwise, columnwise, reduce_axes, rng), None
     common = dict(dtype=q.dtype, rowwise=rowwise, columnwise=columnwise)
     if q.kind == "delayed":
-        t = quantize(x, scale=scale, amax=jnp.zeros((1,), _F32), **common)
+        t = quantize(x, scale=scale, **common)
         return t, _sharding.pmax(t.amax, reduce_axes)
     if q.kind == "current" and reduce_axes:
         # the scale of the whole tensor: amax reduced across shards, then quantized with it
