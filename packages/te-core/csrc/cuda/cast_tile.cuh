@@ -251,11 +251,12 @@ __device__ __forceinline__ void store_column_sum(const Params& p, int64_t c) {
   }
 }
 
-// kFmt: the FP8 dtype, or 0 for p.out_dtype (a run-time format, and kHighPrecision's dtype).
+// kFmt: the FP8 dtype, or 0 for p.out_dtype (a run-time format).
 // kCoop: launched cooperatively (launch_input_coop), with Params' grid-barrier options.
 template <typename L, int kFmt, int kMode, bool kCoop = false>
 __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(const Params p,
                                                                             const L ld) {
+  static_assert(kMode != kHighPrecision, "high precision with dbias: cast_tile_stream_kernel");
   using V = typename L::Value;
   __shared__ Smem sm;
   const float fmt_max = kFmt != 0 ? fp8_max(kFmt) : fp8_max(p.out_dtype);
@@ -295,24 +296,6 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
   }
 
   if (p.dbias_partial != nullptr) column_partials(p, sm, x, ti, c0);
-
-  if constexpr (kMode == kHighPrecision) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = r0 + 4 * tr + i, c = c0 + 64 * h + 8 * g;
-        if (r < rows && c < cols) {
-          float v[8];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) v[k] = x[i][h].get(k);
-          store8_rounded(p.rowwise, r * cols + c, v, p.out_dtype,
-                         static_cast<int>(cols - c < 8 ? cols - c : 8), p.vec_row);
-        }
-      }
-    }
-    return;
-  }
 
   uint2 q[4][2];
 
@@ -487,9 +470,13 @@ __global__ void __launch_bounds__(kThreads, L::kMinBlocks) cast_tile_kernel(cons
 // its own shared-memory slots ([column][thread]: conflict-free), not in registers: there they
 // spilled 84 bytes at the 80-register bound of L::kStreamMinBlocks = 3 and the dGELU + dbias pass
 // took 0.587 ms against 0.479-0.489 ms (16384 x 16384 bf16, H200; 0.41 without a bias gradient).
-template <typename L, bool kDbias>
+// kHp (kHighPrecision with a bias gradient, e.g. te's BF16 dGELU + dbias): each row's values are
+// stored rounded to p.out_dtype as they are computed, beside the same column sums; no amax, scale
+// or transposed copy. cast_tile_kernel held the tile's 64 fp32 values a thread (2 CTAs per SM).
+template <typename L, bool kDbias, bool kHp = false>
 __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
     cast_tile_stream_kernel(const Params p, const L ld) {
+  static_assert(kDbias || !kHp, "a high-precision result without a bias gradient: launch_flat");
   __shared__ Smem sm;
   __shared__ float colsum_slots[kDbias ? 16 : 1][kThreads];
   // volatile: otherwise the compiler forwards each store to the next row's load and the sums are
@@ -501,7 +488,8 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
   const int64_t ti = t / p.tiles_c, tj = t % p.tiles_c;
   const int64_t r0 = ti * kTile, c0 = tj * kTile;
   const int64_t rows = p.rows, cols = p.cols;
-  const float s = p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps) : *p.scale;
+  const float s = kHp ? 1.0f : p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps)
+                                         : *p.scale;
 
   uint2 q[4][2];
   uint32_t m = 0;
@@ -536,8 +524,10 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
 #pragma unroll
         for (int k = 0; k < 8; ++k) x.w[k] = 0;
       }
+      if constexpr (!kHp) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x.get(k)));
+        for (int k = 0; k < 8; ++k) m = max(m, abs_bits(x.get(k)));
+      }
       if constexpr (kDbias) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -545,8 +535,18 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
           sum = i == 0 ? x.get(k) : __fadd_rn(sum, x.get(k));
         }
       }
-      q[i][h] = quantize8_as<0>(x, s, p.out_dtype);
-      if (p.rowwise != nullptr && valid) store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
+      if constexpr (kHp) {
+        if (valid) {
+          float v[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = x.get(k);
+          store8_rounded(p.rowwise, r * cols + c, v, p.out_dtype,
+                         static_cast<int>(cols - c < 8 ? cols - c : 8), p.vec_row);
+        }
+      } else {
+        q[i][h] = quantize8_as<0>(x, s, p.out_dtype);
+        if (p.rowwise != nullptr && valid) store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
+      }
     }
   }
 
@@ -569,25 +569,25 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
       p.dbias_partial[ti * cols + c0 + tid] = v;
     }
   }
-  if (p.amax_out != nullptr) {
-    m = block_max<kThreads>(m, sm.scratch);
-    if (tid == 0) atomic_max_amax(p.amax_out, m);  // fp32 values: no canonical NaN to apply
-  }
-  if (blockIdx.x == 0 && tid == 0) {
-    const float s_inv = 1.0f / s;
-    if (p.current && p.scale_out != nullptr) *p.scale_out = s;
-    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
-    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
-  }
-  if (p.columnwise != nullptr) {
-    stash_transposed(sm, q, g, tr);
-    __syncthreads();
-    store_transposed(sm, p.columnwise, rows, cols, r0, c0, p.vec_col);
+  if constexpr (!kHp) {
+    if (p.amax_out != nullptr) {
+      m = block_max<kThreads>(m, sm.scratch);
+      if (tid == 0) atomic_max_amax(p.amax_out, m);  // fp32 values: no canonical NaN to apply
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+      const float s_inv = 1.0f / s;
+      if (p.current && p.scale_out != nullptr) *p.scale_out = s;
+      if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = s_inv;
+      if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = s_inv;
+    }
+    if (p.columnwise != nullptr) {
+      stash_transposed(sm, q, g, tr);
+      __syncthreads();
+      store_transposed(sm, p.columnwise, rows, cols, r0, c0, p.vec_col);
+    }
   }
 }
 
-// Fills the tiling and output-alignment fields of `p` and launches one CTA per 128x128 tile of
-// loader `ld`. out_dtype: the FP8 dtype, or for kHighPrecision fp32/fp16/bf16.
 // Fills the tiling and FP8-output alignment fields of `p`; returns the number of tiles (CTAs).
 inline unsigned prepare_fp8(Params& p) {
   const int64_t tiles = ceil_div(p.rows, kTile) * ceil_div(p.cols, kTile);
@@ -598,17 +598,23 @@ inline unsigned prepare_fp8(Params& p) {
   return static_cast<unsigned>(tiles);
 }
 
+// Fills the tiling and output-alignment fields of `p` and launches one CTA per 128x128 tile of
+// loader `ld`. out_dtype: the FP8 dtype, or for kHighPrecision fp32/fp16/bf16.
 // kMayHaveDbias false: the op has no bias gradient (its per-tensor kernel is compiled without).
 template <int kMode, bool kMayHaveDbias, typename L>
 void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return;
   if constexpr (kMode == kHighPrecision) {
+    // Only a computed source with a bias gradient takes the tiles in high precision (without
+    // one, fused_output's flat pass writes the result).
+    static_assert(!L::kFormatTemplate && kMayHaveDbias, "high-precision tiles: a computed source with dbias");
+    if (p.dbias_partial == nullptr) fail(TE_ERROR_INTERNAL, "launch_loader: high-precision tiles without dbias");
     const unsigned grid = prepare_fp8(p);
     p.out_dtype = out_dtype;
     p.vec_row = aligned(p.rowwise, 16) && p.cols % 8 == 0;
     p.vec_col = false;
-    cast_tile_kernel<L, 0, kMode><<<grid, kThreads, 0, stream>>>(p, ld);
-    check_launch("cast_tile_kernel");
+    cast_tile_stream_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(p, ld);
+    check_launch("cast_tile_stream_kernel");
   } else {
     const unsigned grid = prepare_fp8(p);
     dispatch_fp8(out_dtype, [&](auto fmt) {
