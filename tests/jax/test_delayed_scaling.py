@@ -205,6 +205,29 @@ def test_compiled_step_copies_no_state_and_updates_in_one_call():
     assert hlo.count('custom_call_target="te_delayed_update_ffi"') == 2  # LayerNormMLP, DenseGeneral
 
 
+def test_update_call_errors_name_what_is_wrong():
+    """te_delayed_update_ffi (te_jax's one update call) refuses mismatched operands with the C
+    API's message naming the role's argument."""
+    from te_core import _ops
+    from te_jax import _ffi
+
+    h, s = jnp.zeros((4,), jnp.float32), jnp.ones((1,), jnp.float32)
+    specs = [_ops.TensorSpec((4,), _ops.FLOAT32), _ops.TensorSpec((1,), _ops.FLOAT32)]
+    attrs = dict(margin=np.float32(0.0), amax_compute_algo=np.int32(0))
+
+    def call(amax, fp8_max):
+        return jax.block_until_ready(
+            _ffi.call(_ffi.DELAYED_UPDATE, specs, h, s, amax, fp8_max=fp8_max, **attrs)
+        )
+
+    new_h, new_s = call(jnp.full((1,), 2.0, jnp.float32), np.array([448.0], np.float32))
+    assert np.asarray(new_h).tolist() == [0.0, 0.0, 0.0, 2.0] and float(new_s[0]) == 224.0
+    with pytest.raises(Exception, match=r"next\[0\]\.amaxes\[0\]\.shape: expected 1 element"):
+        call(jnp.ones((2,), jnp.float32), np.array([448.0], np.float32))
+    with pytest.raises(Exception, match="expected 3 operands .* per role"):
+        call(jnp.ones((1,), jnp.float32), np.array([448.0, 57344.0], np.float32))
+
+
 def test_missing_collection_is_a_clear_error():
     x = jnp.ones((2, 8, 32))
     model = te_jax.flax.DenseGeneral(16)

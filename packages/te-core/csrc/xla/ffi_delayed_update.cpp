@@ -33,18 +33,22 @@ ffi::Error delayed_update(te_device device, void* stream, ffi::RemainingArgs arg
   std::vector<te_tensor> tensors(5 * roles);
   std::vector<te_delayed_scaling_group> groups(roles);
   std::vector<te_delayed_scaling_next> next(roles);
+  static const char* const kParts[5] = {"amax_history", "scale", "amax", "next amax_history",
+                                         "next scale"};
   for (size_t r = 0; r < roles; ++r) {
-    te_tensor* t = &tensors[5 * r];  // history, scale, amax, next history, next scale
-    const std::string role = "role " + std::to_string(r) + " ";
-    for (size_t k = 0; k < 3; ++k) {
-      auto buffer = args.get<Buf>(3 * r + k);
-      if (buffer.has_error()) return buffer.error();
-      TE_FFI_RETURN_IF_ERROR(describe(*buffer, device, true, (role + "operand").c_str(), &t[k]));
-    }
-    for (size_t k = 0; k < 2; ++k) {
-      auto result = rets.get<Buf>(2 * r + k);
-      if (result.has_error()) return result.error();
-      TE_FFI_RETURN_IF_ERROR(describe(*result, device, true, (role + "result").c_str(), &t[3 + k]));
+    te_tensor* t = &tensors[5 * r];  // in kParts order
+    const std::string role = "role " + std::to_string(r) + " (groups[" + std::to_string(r) + "]) ";
+    for (size_t k = 0; k < 5; ++k) {
+      const std::string name = role + kParts[k];
+      if (k < 3) {
+        auto buffer = args.get<Buf>(3 * r + k);
+        if (buffer.has_error()) return buffer.error();
+        TE_FFI_RETURN_IF_ERROR(describe(*buffer, device, true, name.c_str(), &t[k]));
+      } else {
+        auto result = rets.get<Buf>(2 * r + k - 3);
+        if (result.has_error()) return result.error();
+        TE_FFI_RETURN_IF_ERROR(describe(*result, device, true, name.c_str(), &t[k]));
+      }
     }
     groups[r] = {&t[0], &t[1], 1, fp8_max[r], margin, amax_compute_algo};
     next[r] = {&t[2], &t[3], &t[4]};
