@@ -407,6 +407,16 @@ def test_transpose(shape, elem, unaligned):
 # ---- delayed scaling update ------------------------------------------------------------------
 
 
+def history_shape(i: int, g):
+    """The i-th history's shape in a batch: [L] or [L, cols], every 25th up to 1100 steps long.
+    Wide histories (up to 70 columns: a CTA holds 32, 8 rows of threads) take many segments of
+    the in-place roll; narrow ones one."""
+    torch = _torch()
+    L = int(torch.randint(1, 1100 if i % 25 == 0 else 20, (1,), generator=g))
+    cols = int(torch.randint(1, 71 if i % 50 == 25 else 9, (1,), generator=g))
+    return (L,) if i % 3 == 0 else (L, cols)
+
+
 @pytest.mark.parametrize("algo", [_C.AmaxComputeAlgo.MAX, _C.AmaxComputeAlgo.MOST_RECENT], ids=str)
 @pytest.mark.parametrize("margin", [0.0, 1.0])
 @pytest.mark.parametrize("count", [3, 300])  # the small parameter block (<= 4), and 64 at a time
@@ -415,11 +425,7 @@ def test_delayed_scaling_update_many_tensors(algo, margin, count):
     g = torch.Generator().manual_seed(zlib.crc32(repr(("dsu", algo, margin, count)).encode()))
     hs, ss = [], []
     for i in range(count):
-        L = int(torch.randint(1, 1100 if i % 25 == 0 else 20, (1,), generator=g))
-        # Wide histories (up to 70 columns: a CTA holds 32, 8 rows of threads) take many
-        # segments of the in-place roll; narrow ones one.
-        cols = int(torch.randint(1, 71 if i % 50 == 25 else 9, (1,), generator=g))
-        shape = (L,) if i % 3 == 0 else (L, cols)
+        shape = history_shape(i, g)
         h = torch.exp2(torch.empty(shape).uniform_(-140, 40, generator=g))
         m = torch.rand(shape, generator=g)
         h[m < 0.05] = 0.0
@@ -503,10 +509,8 @@ def test_delayed_scaling_next_groups(count):
     for _ in range(2):
         hs, ss, am = [], [], []
         for i in range(count):
-            L = int(torch.randint(1, 1100 if i % 25 == 0 else 20, (1,), generator=g))
-            cols = int(torch.randint(1, 71 if i % 50 == 25 else 9, (1,), generator=g))
-            shape = (L,) if i % 3 == 0 else (L, cols)
-            n = 1 if len(shape) == 1 else cols
+            shape = history_shape(i, g)
+            n = 1 if len(shape) == 1 else shape[1]
             hs.append(torch.exp2(torch.empty(shape).uniform_(-60, 40, generator=g)))
             ss.append(torch.rand(n, generator=g) * 10 + 0.1)
             a = torch.exp2(torch.empty(n).uniform_(-60, 40, generator=g))

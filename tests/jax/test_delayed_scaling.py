@@ -226,6 +226,8 @@ def test_update_call_errors_name_what_is_wrong():
         call(jnp.ones((2,), jnp.float32), np.array([448.0], np.float32))
     with pytest.raises(Exception, match="expected 3 operands .* per role"):
         call(jnp.ones((1,), jnp.float32), np.array([448.0, 57344.0], np.float32))
+    with pytest.raises(Exception, match=r"role 0 \(groups\[0\]\) amax: expected an element type te knows"):
+        call(jnp.ones((1,), jnp.int8), np.array([448.0], np.float32))
 
 
 def test_missing_collection_is_a_clear_error():

@@ -94,40 +94,53 @@ void add_next(const te_delayed_scaling_group& g, const te_delayed_scaling_next& 
                "next_amax_histories, ", prefix, "next_scales: expected arrays of ", g.count,
                " descriptors, got NULL");
   const size_t first = entries->size() - static_cast<size_t>(g.count);
-  for (int64_t i = 0; i < g.count; ++i) {
-    const std::string index = "[" + std::to_string(i) + "]";
+  // Checked unnamed first and named only to report a failure, as add_group does.
+  auto check_next = [&](int64_t i, int64_t num, const std::string& h, const std::string& s,
+                        const std::string& a) {
     const te_tensor& hist = g.amax_histories[i];
     const te_tensor& out_h = nx.next_amax_histories[i];
-    const te_tensor& out_s = nx.next_scales[i];
-    te::DelayedScalingEntry& e = (*entries)[first + static_cast<size_t>(i)];
-    const std::string h_name = prefix + "next_amax_histories" + index;
-    const std::string s_name = prefix + "next_scales" + index;
-    te::check_tensor(out_h, h_name);
-    te::check_dtype(out_h, h_name, {TE_DTYPE_FLOAT32});
-    te::check_shape(out_h, h_name, std::vector<int64_t>(hist.shape, hist.shape + hist.ndim),
-                    "the shape of the amax history it follows");
-    te::check_same_device(out_h, h_name, call.device, call.name);
-    te::check_tensor(out_s, s_name);
-    te::check_dtype(out_s, s_name, {TE_DTYPE_FLOAT32});
-    te::check_numel(out_s, s_name, e.num);
-    te::check_same_device(out_s, s_name, call.device, call.name);
+    te::check_tensor(out_h, h);
+    te::check_dtype(out_h, h, {TE_DTYPE_FLOAT32});
+    TE_CHECK_ARG(out_h.ndim == hist.ndim && out_h.shape[0] == hist.shape[0] &&
+                     (hist.ndim == 1 || out_h.shape[1] == hist.shape[1]),
+                 h, ".shape: expected ", te::shape_string(hist.shape, hist.ndim),
+                 " (the shape of the amax history it follows), got ",
+                 te::shape_string(out_h.shape, out_h.ndim));
+    te::check_same_device(out_h, h, call.device, call.name);
+    te::check_tensor(nx.next_scales[i], s);
+    te::check_dtype(nx.next_scales[i], s, {TE_DTYPE_FLOAT32});
+    te::check_numel(nx.next_scales[i], s, num);
+    te::check_same_device(nx.next_scales[i], s, call.device, call.name);
     if (nx.amaxes != nullptr) {
-      const std::string a_name = prefix + "amaxes" + index;
-      te::check_tensor(nx.amaxes[i], a_name);
-      te::check_dtype(nx.amaxes[i], a_name, {TE_DTYPE_FLOAT32});
-      te::check_numel(nx.amaxes[i], a_name, e.num);
-      te::check_same_device(nx.amaxes[i], a_name, call.device, call.name);
+      te::check_tensor(nx.amaxes[i], a);
+      te::check_dtype(nx.amaxes[i], a, {TE_DTYPE_FLOAT32});
+      te::check_numel(nx.amaxes[i], a, num);
+      te::check_same_device(nx.amaxes[i], a, call.device, call.name);
+    }
+  };
+  const std::string unnamed;
+  for (int64_t i = 0; i < g.count; ++i) {
+    te::DelayedScalingEntry& e = (*entries)[first + static_cast<size_t>(i)];
+    try {
+      check_next(i, e.num, unnamed, unnamed, unnamed);
+    } catch (const te::Error&) {
+      const std::string index = "[" + std::to_string(i) + "]";
+      check_next(i, e.num, prefix + "next_amax_histories" + index, prefix + "next_scales" + index,
+                 prefix + "amaxes" + index);
+      throw;
+    }
+    if (nx.amaxes != nullptr) {
       e.amax = static_cast<const float*>(nx.amaxes[i].data);
       inputs->push_back(bytes_of(nx.amaxes[i]));
     }
-    inputs->push_back(bytes_of(hist));
+    inputs->push_back(bytes_of(g.amax_histories[i]));
     inputs->push_back(bytes_of(g.scales[i]));
-    outputs->push_back(bytes_of(out_h));
-    outputs->push_back(bytes_of(out_s));
+    outputs->push_back(bytes_of(nx.next_amax_histories[i]));
+    outputs->push_back(bytes_of(nx.next_scales[i]));
     e.history_in = e.amax_history;
     e.scale_in = e.scale;
-    e.amax_history = static_cast<float*>(out_h.data);
-    e.scale = static_cast<float*>(out_s.data);
+    e.amax_history = static_cast<float*>(nx.next_amax_histories[i].data);
+    e.scale = static_cast<float*>(nx.next_scales[i].data);
   }
 }
 

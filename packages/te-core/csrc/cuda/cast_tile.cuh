@@ -488,8 +488,9 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
   const int64_t ti = t / p.tiles_c, tj = t % p.tiles_c;
   const int64_t r0 = ti * kTile, c0 = tj * kTile;
   const int64_t rows = p.rows, cols = p.cols;
-  const float s = kHp ? 1.0f : p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps)
-                                         : *p.scale;
+  const float s = kHp         ? 1.0f
+                  : p.current ? compute_scale_from_amax(*p.amax_in, fmt_max, p.pow2, p.eps)
+                              : *p.scale;
 
   uint2 q[4][2];
   uint32_t m = 0;
@@ -545,7 +546,8 @@ __global__ void __launch_bounds__(kThreads, L::kStreamMinBlocks)
         }
       } else {
         q[i][h] = quantize8_as<0>(x, s, p.out_dtype);
-        if (p.rowwise != nullptr && valid) store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
+        if (p.rowwise != nullptr && valid)
+          store_row8(p.rowwise + r * cols + c, q[i][h], cols - c, p.vec_row);
       }
     }
   }
@@ -607,8 +609,11 @@ void launch_loader(Params p, const L& ld, int32_t out_dtype, cudaStream_t stream
   if constexpr (kMode == kHighPrecision) {
     // Only a computed source with a bias gradient takes the tiles in high precision (without
     // one, fused_output's flat pass writes the result).
-    static_assert(!L::kFormatTemplate && kMayHaveDbias, "high-precision tiles: a computed source with dbias");
-    if (p.dbias_partial == nullptr) fail(TE_ERROR_INTERNAL, "launch_loader: high-precision tiles without dbias");
+    static_assert(!L::kFormatTemplate && kMayHaveDbias,
+                  "high-precision tiles: a computed source with dbias");
+    if (p.dbias_partial == nullptr) {
+      fail(TE_ERROR_INTERNAL, "launch_loader: high-precision tiles without dbias");
+    }
     const unsigned grid = prepare_fp8(p);
     p.out_dtype = out_dtype;
     p.vec_row = aligned(p.rowwise, 16) && p.cols % 8 == 0;

@@ -1,9 +1,10 @@
 // Delayed-scaling update (te/recipe.h, NUMERICS.md) for a batch of histories, one launch per 48
 // entries (one launch in practice: the entries travel by value in the kernel's parameter block,
 // 48 of them ~3.4 KB, under the classic 4 KB limit). A batch of at most 4 entries (a model of a
-// few layers, or one updated alone) launches with a parameter block of 4 (~0.3 KB): the driver copies the whole block into the
-// launch, and a small model's step makes one such launch (its forward and backward histories
-// together: each entry carries its own scaled_max and algo, te_delayed_scaling_update_groups).
+// few layers, or one updated alone) launches with a parameter block of 4 (~0.3 KB): the driver
+// copies the whole block into the launch, and a small model's step makes one such launch (its
+// forward and backward histories together: each entry carries its own scaled_max and algo,
+// te_delayed_scaling_update_groups).
 // Per column n of an entry's history [L, N] (element (j, n) at j * N + n):
 //   amax     = max over the column (NaN propagates; nan_max) or history[0] (most_recent);
 //   scale[n] = delayed_scale_from_amax(amax, entry's scaled_max, scale[n]);

@@ -37,17 +37,21 @@ ffi::Error delayed_update(te_device device, void* stream, ffi::RemainingArgs arg
                                          "next scale"};
   for (size_t r = 0; r < roles; ++r) {
     te_tensor* t = &tensors[5 * r];  // in kParts order
-    const std::string role = "role " + std::to_string(r) + " (groups[" + std::to_string(r) + "]) ";
     for (size_t k = 0; k < 5; ++k) {
-      const std::string name = role + kParts[k];
+      ffi::Error error;
       if (k < 3) {
         auto buffer = args.get<Buf>(3 * r + k);
-        if (buffer.has_error()) return buffer.error();
-        TE_FFI_RETURN_IF_ERROR(describe(*buffer, device, true, name.c_str(), &t[k]));
+        error = buffer.has_error() ? buffer.error()
+                                   : describe(*buffer, device, true, kParts[k], &t[k]);
       } else {
         auto result = rets.get<Buf>(2 * r + k - 3);
-        if (result.has_error()) return result.error();
-        TE_FFI_RETURN_IF_ERROR(describe(*result, device, true, name.c_str(), &t[k]));
+        error = result.has_error() ? result.error()
+                                   : describe(*result, device, true, kParts[k], &t[k]);
+      }
+      if (error.failure()) {  // the role named only now: no strings on the per-step path
+        return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                          "role " + std::to_string(r) + " (groups[" + std::to_string(r) + "]) " +
+                              error.message());
       }
     }
     groups[r] = {&t[0], &t[1], 1, fp8_max[r], margin, amax_compute_algo};

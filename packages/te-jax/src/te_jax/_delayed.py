@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from te_core import _ops
+from te_core import _C, _ops
 
 from te_jax import _ffi
 from te_jax._quantizer import FLT_MAX, Plan, Quantizer
@@ -78,7 +78,7 @@ def _nan_max(history):
     return jnp.max(history)
 
 
-_ALGOS = {"max": 0, "most_recent": 1}  # te_amax_compute_algo
+_ALGOS = {"max": int(_C.AmaxComputeAlgo.MAX), "most_recent": int(_C.AmaxComputeAlgo.MOST_RECENT)}
 
 
 def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -> dict:

@@ -191,7 +191,7 @@ def quantize(
     rw_data, rw_sinv, cw_data, cw_sinv, q_amax, q_scale = parts
     per_tensor = mode == _PER_TENSOR
     if delayed:
-        q_scale = jnp.reshape(scale, (1,))  # read in place by the handler, not returned
+        q_scale = scale  # read in place by the handler, not returned
     return ScaledTensor(
         data=rw_data if rowwise else None,
         scale_inv=rw_sinv if rowwise else None,
