@@ -188,13 +188,16 @@ def test_states_of_two_devices_update_in_a_call_each(monkeypatch):
     monkeypatch.setattr(_recipe_state, "_PLANS", {})
     r = recipe.DelayedScaling()
     cpu, other = torch.device("cpu"), torch.device("meta")  # the key's device is what counts
-    states = [_recipe_state.DelayedState(4, 3, cpu) for _ in range(3)]
-    groups = [
-        (_recipe_state.recipe_key(r, False, None, cpu), r, tuple(states[:2])),
-        (_recipe_state.recipe_key(r, True, None, other), r, (states[2],)),
-        (_recipe_state.recipe_key(r, False, None, other), r, (states[2],)),
+    states = [_recipe_state.DelayedState(4, 3, cpu) for _ in range(4)]
+    fwd_cpu = _recipe_state.recipe_key(r, False, None, cpu)
+    entries = [
+        (fwd_cpu, r, states[0]),
+        (_recipe_state.recipe_key(r, True, None, other), r, states[2]),
+        (fwd_cpu, r, states[1]),
+        (_recipe_state.recipe_key(r, False, None, other), r, states[3]),
+        (fwd_cpu, r, states[0]),  # a state used twice is updated once
     ]
-    _recipe_state.run_updates(groups)
+    _recipe_state.run_updates(entries)
     assert calls == [(2,), (1, 1)]
 
 
@@ -204,7 +207,7 @@ def test_pending_update_refused_during_capture(monkeypatch):
     r = recipe.DelayedScaling()
     st = _recipe_state.DelayedState(4, 2, torch.device("cpu"))
     key = _recipe_state.recipe_key(r, True, None, torch.device("cuda", 0))
-    monkeypatch.setattr(te._autocast.STATE, "deferred", [(key, r, (st,))])
+    monkeypatch.setattr(te._autocast.STATE, "deferred", [(key, r, st)])
     monkeypatch.setattr(te._autocast, "_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="run a warmup step on the capture's side stream first"):
         te._autocast.flush_deferred()
@@ -217,9 +220,9 @@ def test_backward_update_at_pass_end_where_it_must(monkeypatch, why):
     its warmup): the backward states are updated when the pass ends, not deferred."""
     calls = spy_updates(monkeypatch)
     if why == "collective":
-        monkeypatch.setattr(te._autocast, "needs_collective", lambda groups: True)
+        monkeypatch.setattr(te._autocast, "needs_collective", lambda plan: True)
     else:
-        monkeypatch.setattr(te._autocast, "_on_default_streams", lambda groups: False)
+        monkeypatch.setattr(te._autocast, "_on_default_streams", lambda plan: False)
     m = te.Linear(32, 32, device="cpu")
     with te.autocast(recipe=recipe.DelayedScaling()):
         y = m(torch.randn(4, 32, requires_grad=True))

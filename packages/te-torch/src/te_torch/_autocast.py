@@ -29,7 +29,7 @@ from te_core.recipe import Recipe
 
 from te_torch._availability import get_default_recipe
 from te_torch._kernels import _raw_stream
-from te_torch._recipe_state import UpdateRegistry, needs_collective, run_updates
+from te_torch._recipe_state import UpdateRegistry, needs_collective, plan_for, run_plan, run_updates
 
 __all__ = ["autocast", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe"]
 
@@ -59,7 +59,7 @@ class _State:
         self.fwd_registry = UpdateRegistry()
         self.bwd_registry = UpdateRegistry()
         self.bwd_task = None  # the backward pass (graph task id) whose end _end_backward awaits
-        self.deferred: list = []  # run_updates groups of finished backward passes
+        self.deferred: list = []  # the registry entries of finished backward passes
 
 
 STATE = _State()
@@ -133,13 +133,17 @@ class autocast:  # noqa: N801 (TE's name)
         self._saved = None
         s.depth -= 1
         if s.depth == 0 and exc[0] is None:
-            groups = s.fwd_registry.take()
-            if s.deferred and _on_default_streams(s.deferred):
-                groups += _take_deferred()
-            run_updates(groups)
+            entries = s.fwd_registry.take()
+            if s.deferred:
+                plan = plan_for(entries + s.deferred)
+                if _on_default_streams(plan):
+                    s.deferred = []
+                    run_plan(plan)
+                    return
+            if entries:
+                run_plan(plan_for(entries))
         elif s.depth == 0:  # an exception escaped: drop this step's amaxes from the update list
-            s.fwd_registry.pending.clear()
-            s.fwd_registry.recipes.clear()
+            s.fwd_registry.take()
 
 
 def fp8_autocast(
@@ -169,17 +173,24 @@ def get_fp8_recipe() -> Recipe | None:
     return STATE.recipe
 
 
-def register_forward(key: tuple, recipe, state) -> None:
-    STATE.fwd_registry.add(key, recipe, state)
+def register_forward(entry: tuple) -> None:
+    """Queues a ``(recipe_key, recipe, DelayedState)`` entry for the update at the outermost
+    region's exit. Callers keep their entry objects: the update's plan is cached by them."""
+    STATE.fwd_registry.add(entry)
 
 
-def register_backward(key: tuple, recipe, state) -> None:
-    """Queues ``state`` for the update that follows the current backward pass (see the module
-    docstring). A state still deferred from an earlier pass is updated first."""
+def register_backward(entry: tuple) -> None:
+    """Queues a ``(recipe_key, recipe, DelayedState)`` entry for the update that follows the
+    current backward pass (see the module docstring). A state still deferred from an earlier
+    pass is updated first."""
     s = STATE
-    if state.deferred:
-        flush_deferred()
-    s.bwd_registry.add(key, recipe, state)
+    if s.deferred:
+        st = entry[2]
+        for e in s.deferred:
+            if e[2] is st:
+                flush_deferred()
+                break
+    s.bwd_registry.add(entry)
     # Once per pass. Compared by id, not a flag: a pass that raised never ran its callback, and a
     # flag would then stay set and leave every later pass's states unupdated.
     task = _graph_task_id()
@@ -192,15 +203,12 @@ _graph_task_id = torch._C._current_graph_task_id
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
-def _on_default_streams(groups: list) -> bool:
-    """Whether every CUDA device of ``groups`` (their key's last entry) is running on its default
-    stream, where eager training runs. Graph capture never does (it needs a side stream), nor do
-    the warmup steps torch.cuda.make_graphed_callables and its users run before a capture: their
-    updates run at once, so none is pending, or flushed inside a capture, when capture starts."""
-    for key, _, _ in groups:
-        dev = key[6]
-        if dev.type != "cuda":
-            continue
+def _on_default_streams(plan) -> bool:
+    """Whether every CUDA device of ``plan`` is running on its default stream, where eager
+    training runs. Graph capture never does (it needs a side stream), nor do the warmup steps
+    torch.cuda.make_graphed_callables and its users run before a capture: their updates run at
+    once, so none is pending, or flushed inside a capture, when capture starts."""
+    for dev in plan.devices:
         if _raw_stream(torch.cuda.current_device() if dev.index is None else dev.index):
             return False
     return True
@@ -210,35 +218,28 @@ def _end_backward() -> None:
     """The backward pass is over: its states' update is deferred, or run now where it must be."""
     s = STATE
     s.bwd_task = None
-    groups = s.bwd_registry.take()
-    if needs_collective(groups) or not _on_default_streams(groups):
-        run_updates(groups)
+    entries = s.bwd_registry.take()
+    if not entries:
         return
-    for _, _, states in groups:
-        for st in states:
-            st.deferred = True
-    s.deferred += groups
-
-
-def _take_deferred() -> list:
-    groups, STATE.deferred = STATE.deferred, []
-    for _, _, states in groups:
-        for st in states:
-            st.deferred = False
-    return groups
+    plan = plan_for(entries)
+    if needs_collective(plan) or not _on_default_streams(plan):
+        run_plan(plan)
+        return
+    s.deferred += entries
 
 
 def flush_deferred() -> None:
     """Runs the deferred backward updates now (on the current stream): before their states are
     read or changed. Refused during graph capture, where the update would be replayed with the
     graph rather than run once."""
-    groups = STATE.deferred
-    if not groups:
+    entries = STATE.deferred
+    if not entries:
         return
-    if any(key[6].type == "cuda" for key, _, _ in groups) and _stream_capturing():
+    if any(key[6].type == "cuda" for key, _, _ in entries) and _stream_capturing():
         raise RuntimeError(
             "te: a CUDA graph capture reached te's delayed-scaling state while the update of an "
             "earlier backward pass was still pending: run a warmup step on the capture's side "
             "stream first (as torch.cuda.graph requires), or use te.make_graphed_callables"
         )
-    run_updates(_take_deferred())
+    STATE.deferred = []
+    run_updates(entries)

@@ -49,11 +49,12 @@ class _Recording(UpdateRegistry):
         super().__init__()
         self.frame = frame
 
-    def add(self, key: tuple, recipe, state) -> None:
+    def add(self, entry: tuple) -> None:
+        state = entry[2]
         if not any(st is state for st in self.frame.states):
             self.frame.states.append(state)
             self.frame.scales.append(state.scale.clone())
-        super().add(key, recipe, state)
+        super().add(entry)
 
 
 class _Record:
@@ -75,9 +76,8 @@ class _Record:
     def __exit__(self, *exc) -> None:
         s = STATE
         mine, s.fwd_registry = s.fwd_registry, self.outer
-        for key, group in mine.pending.items():
-            for st in group.values():
-                self.outer.add(key, mine.recipes[key], st)
+        for entry in mine.entries:
+            self.outer.add(entry)
 
 
 class _Replay:

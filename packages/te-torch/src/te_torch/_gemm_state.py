@@ -191,6 +191,8 @@ class FP8Context:
         "bwd",
         "fwd_key",
         "bwd_key",
+        "fwd_entry",
+        "bwd_entry",
         "weight_cache",
         "weight_operand_cache",
         "packed_ok",
@@ -218,7 +220,7 @@ class FP8Context:
         self.delayed = recipe.delayed()
         self.per_tensor = self.delayed or recipe.float8_current_scaling()
         self.weight_cache = self.weight_operand_cache = None
-        self.fwd_key = self.bwd_key = None
+        self.fwd_key = self.bwd_key = self.fwd_entry = self.bwd_entry = None
         self.block = 0
         _reject_unimplemented(recipe, owner)
         if self.delayed:
@@ -230,6 +232,10 @@ class FP8Context:
             gi = Float8Quantizer(bwd.scale_of(1), bwd.amax(1), bdt)
             self.fwd_key = recipe_key(recipe, False, group, device)
             self.bwd_key = recipe_key(recipe, True, group, device)
+            # the registrations te_torch._autocast queues: the same objects every step, which
+            # the update's cached plan is found by
+            self.fwd_entry = (self.fwd_key, recipe, fwd)
+            self.bwd_entry = (self.bwd_key, recipe, bwd)
             self.split = (False, True, True)
         elif recipe.float8_current_scaling():
             fdt, bdt = _dtypes(recipe.fp8_format)
@@ -324,11 +330,11 @@ class FP8Context:
 
     def register_forward(self) -> None:
         if self.delayed:
-            _autocast.register_forward(self.fwd_key, self.recipe, self.fwd)
+            _autocast.register_forward(self.fwd_entry)
 
     def register_backward(self) -> None:
         if self.delayed:
-            _autocast.register_backward(self.bwd_key, self.recipe, self.bwd)
+            _autocast.register_backward(self.bwd_entry)
 
 
 class GemmState:
@@ -413,7 +419,7 @@ class GemmState:
             for i, t in ((0, inp), (1, weight)):
                 a = fwd.amax(i)
                 torch.maximum(a, t.detach().abs().amax().float().reshape(1), out=a)
-        _autocast.register_forward(recipe_key(recipe, False, group, weight.device), recipe, fwd)
+        _autocast.register_forward((recipe_key(recipe, False, group, weight.device), recipe, fwd))
 
     def to(self, device: torch.device) -> None:
         """Moves the delayed-scaling buffers (after the module's parameters moved)."""

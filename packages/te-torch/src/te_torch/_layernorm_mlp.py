@@ -193,8 +193,8 @@ class LayerNormMLP(QuantizedModule):
             c1 = self._fc1.ctx_for(s.recipe, s.group, w1.device)
             c2 = self._fc2.ctx_for(s.recipe, s.group, w1.device)
             if c1.delayed:
-                _autocast.register_forward(c1.fwd_key, c1.recipe, c1.fwd)
-                _autocast.register_forward(c2.fwd_key, c2.recipe, c2.fwd)
+                _autocast.register_forward(c1.fwd_entry)
+                _autocast.register_forward(c2.fwd_entry)
             elif c1.block:  # FC1's output width (ffn or 2 * ffn) follows from ffn_hidden_size
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
             ret_ln = self.return_layernorm_output

@@ -209,7 +209,7 @@ class Linear(SingleGemmModule):
         if s.fp8:
             c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
             if c.delayed:
-                _autocast.register_forward(c.fwd_key, c.recipe, c.fwd)
+                _autocast.register_forward(c.fwd_entry)
             elif c.block:
                 check_dims("Linear", c.recipe, c.block, inp, self._features)
             eager = c.packed_ok and is_eager(inp)

@@ -8,9 +8,9 @@ A module that runs a GEMM under ``recipe.DelayedScaling`` owns two ``DelayedStat
 
 Row 0 of a history is this step's staging slot: te's delayed quantizers (Float8Quantizer) read
 ``scale[i]`` and max-accumulate their amax into ``amax_history[0, i]`` (a [1] view), so a module
-used twice in one step records the larger amax. ``run_updates`` turns registered histories into
+used twice in one step records the larger amax. A ``Plan`` turns registered histories into
 new scales and rolls them, in one ``_C.DelayedScalingUpdate`` call (one launch on CUDA) built once
-per unchanged set of states: te_torch._autocast decides when (forward states when the outermost
+per unchanged list of registrations: te_torch._autocast decides when (forward states when the outermost
 ``autocast`` exits, backward states with them or before anything reads them). Before it, when the
 recipe says ``reduce_amax`` and torch.distributed is initialized, the staging rows are
 all-reduced (max) over the amax reduction group in one collective.
@@ -31,20 +31,18 @@ _FLT_MAX = torch.finfo(torch.float32).max
 class DelayedState:
     """amax_history [L, n] and scale [n] (fp32) of one direction of one module."""
 
-    __slots__ = ("amax_history", "scale", "_descs", "deferred")
+    __slots__ = ("amax_history", "scale", "_descs")
 
     def __init__(self, history_len: int, n: int, device: torch.device) -> None:
         self.amax_history = torch.zeros(history_len, n, dtype=torch.float32, device=device)
         self.scale = torch.ones(n, dtype=torch.float32, device=device)
         self._descs = None
-        self.deferred = False  # its update waits in te_torch._autocast's deferred list
 
     def __deepcopy__(self, memo) -> DelayedState:
         new = DelayedState.__new__(DelayedState)
         new.amax_history = self.amax_history.clone()
         new.scale = self.scale.clone()
         new._descs = None  # descriptors point at the original's buffers
-        new.deferred = False
         return new
 
     def amax(self, i: int) -> torch.Tensor:
@@ -97,39 +95,27 @@ def recipe_key(recipe, backward: bool, group, device: torch.device) -> tuple:
 
 
 class UpdateRegistry:
-    """The states quantized with since the last update, grouped by ``recipe_key``."""
+    """The ``(recipe_key, recipe, state)`` entries quantized with since the last update, in
+    call order. A state used twice appears twice: its plan (``plan_for``) keeps it once, and is
+    built once per distinct list, so registering costs one append per call."""
 
-    __slots__ = ("pending", "recipes")
+    __slots__ = ("entries",)
 
     def __init__(self) -> None:
-        self.pending: dict[tuple, dict[int, DelayedState]] = {}
-        self.recipes: dict[tuple, object] = {}
+        self.entries: list = []
 
-    def add(self, key: tuple, recipe, state: DelayedState) -> None:
-        group = self.pending.get(key)
-        if group is None:
-            group = self.pending[key] = {}
-            self.recipes[key] = recipe
-        group[id(state)] = state
+    def add(self, entry: tuple) -> None:
+        self.entries.append(entry)
 
     def take(self) -> list:
-        """The pending states as ``run_updates`` groups, (key, recipe, states), forgetting them."""
-        pending, recipes = self.pending, self.recipes
-        if not pending:
-            return []
-        self.pending, self.recipes = {}, {}
-        return [(key, recipes[key], tuple(group.values())) for key, group in pending.items()]
+        """The entries, forgetting them."""
+        entries = self.entries
+        if entries:
+            self.entries = []
+        return entries
 
 
 _dist = torch.distributed if torch.distributed.is_available() else None
-
-
-def needs_collective(groups: list) -> bool:
-    """Whether updating ``groups`` all-reduces amaxes across ranks (reduce_amax, several ranks):
-    such an update must run at the same point on every rank."""
-    if _dist is None or not _dist.is_initialized():
-        return False
-    return any(key[4] and _dist.get_world_size(key[5]) > 1 for key, _, _ in groups)
 
 
 def _reduce_amax(states: tuple, group) -> None:
@@ -146,58 +132,91 @@ def _reduce_amax(states: tuple, group) -> None:
         row.copy_(new)
 
 
-# Prepared updates (_C.DelayedScalingUpdate and the device of its states) by the groups they
-# update: a training loop updates the same states every step, so after the first step an update
-# is one lookup and one C call. Keys hold the states, so an id is never reused while its plan
-# lives; DelayedState.replace clears the table when buffers move.
-_PLANS: dict[tuple, tuple] = {}
+class Plan:
+    """The update of one list of entries, prepared once: ``calls`` the built-in algorithms as
+    one ``_C.DelayedScalingUpdate`` per device (with the device index its stream is read from),
+    ``hooks`` the states with user callables (TE's hooks), ``reduce`` the (states, group) pairs
+    whose amaxes are all-reduced first, ``devices`` the CUDA devices the entries' keys name."""
+
+    __slots__ = ("entries", "calls", "hooks", "reduce", "devices")
+
+    def __init__(self, entries: tuple) -> None:
+        self.entries = entries  # held, so no id in the plan's key is reused while it lives
+        groups: dict[tuple, tuple] = {}
+        seen = set()
+        for key, recipe, st in entries:
+            if id(st) in seen:
+                continue
+            seen.add(id(st))
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = (recipe, [])
+            g[1].append(st)
+        fast: dict[torch.device, list] = {}
+        hooks, reduce = [], []
+        for key, (recipe, states) in groups.items():
+            fp8_max, margin, algo, sf_algo, reduce_amax, group, dev = key
+            if reduce_amax:
+                reduce.append((tuple(states), group))
+            if callable(algo) or sf_algo is not None:
+                hooks.extend((s, fp8_max, margin, algo, sf_algo, recipe) for s in states)
+            else:
+                fast.setdefault(dev, []).append((fp8_max, margin, _ALGO[algo], states))
+        self.calls = tuple(_prepare(gs) for gs in fast.values())
+        self.hooks, self.reduce = tuple(hooks), tuple(reduce)
+        self.devices = tuple(dict.fromkeys(key[6] for key in groups if key[6].type == "cuda"))
+
+
+def _prepare(groups: list) -> tuple:
+    args = []
+    for fp8_max, margin, algo, states in groups:
+        hists, scales = zip(*(s.descs() for s in states), strict=True)
+        args.append((list(hists), list(scales), fp8_max, margin, algo))
+    return _C.DelayedScalingUpdate(args), groups[0][3][0].scale.get_device()
+
+
+# Plans by the ids of the entries they update: a training loop registers the same entry objects
+# (each FP8Context keeps its own) every step, so after the first step an update is one lookup and
+# one C call per device. DelayedState.replace clears the table when buffers move.
+_PLANS: dict[tuple, Plan] = {}
 _MAX_PLANS = 16
 
 
-def _prepare(groups: tuple) -> tuple:
-    args = []
-    for key, states in groups:
-        fp8_max, margin, algo = key[0], key[1], key[2]
-        hists, scales = zip(*(s.descs() for s in states), strict=True)
-        args.append((list(hists), list(scales), fp8_max, margin, _ALGO[algo]))
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    plan = _PLANS[groups] = (_C.DelayedScalingUpdate(args), groups[0][1][0].scale.get_device())
+def plan_for(entries: list) -> Plan:
+    key = tuple(map(id, entries))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = Plan(tuple(entries))
     return plan
 
 
-def run_updates(groups: list) -> None:
-    """NUMERICS.md's delayed-scaling update of every state in ``groups`` ((key, recipe, states)
-    triples, ``UpdateRegistry.take``): amaxes all-reduced first where the key says so, the
-    built-in algorithms in one C call, user callables (TE's hooks) in Python."""
-    if not groups:
-        return
-    fast = []
-    for key, recipe, states in groups:
-        fp8_max, margin, algo, sf_algo, reduce_amax, group, _ = key
-        if reduce_amax:
+def needs_collective(plan: Plan) -> bool:
+    """Whether running ``plan`` all-reduces amaxes across ranks (reduce_amax, several ranks):
+    such an update must run at the same point on every rank."""
+    if not plan.reduce or _dist is None or not _dist.is_initialized():
+        return False
+    return any(_dist.get_world_size(group) > 1 for _, group in plan.reduce)
+
+
+def run_plan(plan: Plan) -> None:
+    """NUMERICS.md's delayed-scaling update of every state of ``plan``: amaxes all-reduced first
+    where the key says so, user callables in Python, the built-in algorithms in one C call per
+    device."""
+    if plan.reduce and _dist is not None and _dist.is_initialized():
+        for states, group in plan.reduce:
             _reduce_amax(states, group)
-        if callable(algo) or sf_algo is not None:
-            for s in states:
-                _update_python(s, fp8_max, margin, algo, sf_algo, recipe)
-        else:
-            fast.append((key, states))
-    if not fast:
-        return
-    device = fast[0][0][6]
-    if any(key[6] != device for key, _ in fast):  # states on several devices: a call per device
-        for dev in dict.fromkeys(key[6] for key, _ in fast):
-            _run(tuple(g for g in fast if g[0][6] == dev))
-        return
-    _run(tuple(fast))
+    for hook in plan.hooks:
+        _update_python(*hook)
+    for update, dev in plan.calls:
+        update(_raw_stream(dev) if dev >= 0 else 0)
 
 
-def _run(fast: tuple) -> None:
-    plan = _PLANS.get(fast)
-    if plan is None:
-        plan = _prepare(fast)
-    update, dev = plan
-    update(_raw_stream(dev) if dev >= 0 else 0)
+def run_updates(entries: list) -> None:
+    """Updates the states of ``entries`` (``UpdateRegistry.take``) now."""
+    if entries:
+        run_plan(plan_for(entries))
 
 
 def _update_python(s: DelayedState, fp8_max, margin, algo, sf_algo, recipe) -> None:
