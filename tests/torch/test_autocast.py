@@ -144,9 +144,12 @@ def test_interleaved_backward_passes_update_between_them():
     assert m._bwd_state.scale[0].item() == 57344.0 / 4.0
 
 
-def test_backward_pass_that_raised_does_not_stop_later_updates():
-    """A backward pass that raises after te's backward ran never reaches its end-of-pass
-    callback; the next pass must still queue its own, and its update must run."""
+@pytest.mark.parametrize("at_pass_end", [False, True])
+def test_backward_pass_that_raised_does_not_stop_later_updates(monkeypatch, at_pass_end):
+    """A backward pass that raises after te's backward ran. Deferred as they register (the
+    default), its states are updated at the next region's exit like any pass's. Updated at the
+    pass's end (a process group, a side stream), it never reaches its end-of-pass callback; the
+    next pass must still queue its own, and its update must run."""
 
     class Boom(torch.autograd.Function):
         @staticmethod
@@ -157,6 +160,8 @@ def test_backward_pass_that_raised_does_not_stop_later_updates():
         def backward(ctx, g):
             raise ValueError("boom")
 
+    if at_pass_end:
+        monkeypatch.setattr(te._autocast, "_may_defer", lambda dev: False)
     r = recipe.DelayedScaling(amax_history_len=3)
     m = te.Linear(64, 32, device="cpu")
     x = with_amax((4, 64), 1.0, 0).requires_grad_(True)
@@ -168,8 +173,12 @@ def test_backward_pass_that_raised_does_not_stop_later_updates():
         with te.autocast(recipe=r):
             y = m(with_amax((4, 64), 1.0, 1 + step).requires_grad_(True))
         y.backward(with_amax((4, 32), 2.0 + step, 51 + step))
-    # the failed pass's amax (4) stayed staged and joined the next pass's (2); then 3
-    assert columns(m._bwd_state.amax_history)[0] == [0.0, 4.0, 3.0]
+    if at_pass_end:
+        # the failed pass's amax (4) stayed staged and joined the next pass's (2); then 3
+        assert columns(m._bwd_state.amax_history)[0] == [0.0, 4.0, 3.0]
+    else:
+        # 4 updated at the first step's exit, then 2 and 3 rolled it out of the history
+        assert columns(m._bwd_state.amax_history)[0] == [0.0, 2.0, 3.0]
 
 
 def test_states_of_two_devices_update_in_a_call_each(monkeypatch):
@@ -220,8 +229,10 @@ def test_backward_update_at_pass_end_where_it_must(monkeypatch, why):
     its warmup): the backward states are updated when the pass ends, not deferred."""
     calls = spy_updates(monkeypatch)
     if why == "collective":
+        monkeypatch.setattr(te._autocast, "dist_initialized", lambda: True)
         monkeypatch.setattr(te._autocast, "needs_collective", lambda plan: True)
-    else:
+    else:  # a CPU key has no stream: both stream checks made to answer as a CUDA side stream's
+        monkeypatch.setattr(te._autocast, "_on_default_stream", lambda dev: False)
         monkeypatch.setattr(te._autocast, "_on_default_streams", lambda plan: False)
     m = te.Linear(32, 32, device="cpu")
     with te.autocast(recipe=recipe.DelayedScaling()):
@@ -229,6 +240,24 @@ def test_backward_update_at_pass_end_where_it_must(monkeypatch, why):
     y.sum().backward()
     assert calls == [(1,), (1,)]
     assert not te._autocast.STATE.deferred
+
+
+@pytest.mark.parametrize("at_pass_end", [False, True])
+def test_backward_pass_queues_a_callback_only_where_it_must(monkeypatch, at_pass_end):
+    """On the default stream without a process group a backward pass defers its states as they
+    register, with no end-of-pass callback; otherwise one callback per pass, not per state."""
+    ends = []
+    real = te._autocast._end_backward
+    monkeypatch.setattr(te._autocast, "_end_backward", lambda: (ends.append(1), real())[1])
+    if at_pass_end:
+        monkeypatch.setattr(te._autocast, "dist_initialized", lambda: True)
+    model = torch.nn.Sequential(te.Linear(32, 32, device="cpu"), te.Linear(32, 32, device="cpu"))
+    for step in range(2):
+        with te.autocast(recipe=recipe.DelayedScaling()):
+            y = model(torch.randn(4, 32, requires_grad=True))
+        y.sum().backward()
+        assert len(te._autocast.STATE.deferred) == 2  # both states await the next exit
+        assert len(ends) == (step + 1 if at_pass_end else 0)
 
 
 def test_module_used_twice_max_accumulates_amax():
@@ -382,9 +411,14 @@ torch.manual_seed(0)
 m = te.Linear(16, 16, device="cpu")
 x = torch.full((2, 16), 1.0 + 3.0 * rank)  # amax 1 on rank 0, 4 on rank 1
 with te.autocast(recipe=te.recipe.DelayedScaling(amax_history_len=2)):
-    m(x)
-print(m._fwd_state.amax_history[1, 0].item(), m._fwd_state.scale[0].item())
+    y = m(x)
+# the backward update all-reduces too, so it runs at the pass's end (not deferred)
+y.backward(torch.full((2, 16), 2.0 + 6.0 * rank))  # amax 2 on rank 0, 8 on rank 1
+assert not te._autocast.STATE.deferred and te._recipe_state.dist_initialized()
+f, b = m._fwd_state, m._bwd_state
+print(f.amax_history[1, 0].item(), f.scale[0].item(), b.amax_history[1, 0].item(), b.scale[0].item())
 dist.destroy_process_group()
+assert not te._recipe_state.dist_initialized()
 """
 
 
@@ -408,8 +442,9 @@ def test_amax_reduction_over_gloo_group(tmp_path):
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
-        amax, scale = map(float, out.split())
+        amax, scale, g_amax, g_scale = map(float, out.split())
         assert amax == 4.0 and scale == 448.0 / 4.0  # both ranks: the max over the group
+        assert g_amax == 8.0 and g_scale == 57344.0 / 8.0  # HYBRID: E5M2 gradients
 
 
 def _step(m, r, x, dy):

@@ -8,15 +8,19 @@ exits, the forward delayed-scaling state of every module quantized anywhere insi
 one batched call (te_torch._recipe_state). One instance cannot be entered again while it is
 active (RuntimeError), as in TE.
 
-Backward state is updated once per backward pass, as in TE, but launched later: when the pass
-ends its states are only marked deferred, and their update runs in the same call (one launch) as
-the next outermost region's forward update, or earlier, before anything reads them: a backward
-pass quantizing with one of them again (interleaved microbatches), ``state_dict()``, moving or
+Backward state is updated once per backward pass, as in TE, but launched later: a backward pass
+only marks its states deferred, and their update runs in the same call (one launch) as the next
+outermost region's forward update, or earlier, before anything reads them: a later backward pass
+quantizing with one of them again (interleaved microbatches), ``state_dict()``, moving or
 resizing the state, ``te.make_graphed_callables``. So every reader sees the updated state, and a
 training step makes one update call instead of two (each a C call and a launch, a sizeable part
-of a small layer's host time: benchmarks/NOTES.md). An update that all-reduces amaxes across
-ranks, or of a pass that ends on a CUDA side stream (graph capture and its warmup steps), runs at
-the pass's end, as before: every rank must reach the collective at the same point, and a captured
+of a small layer's host time: benchmarks/NOTES.md). A state is deferred as it registers, with no
+end-of-pass callback (the engine's callback and its bookkeeping were ~8k instructions of a small
+Linear step); each state remembers the pass that registered it and the flush count then, which
+is how a later pass finds it still pending. Where torch.distributed is initialized (the update may all-reduce
+amaxes across ranks) or the pass runs on a CUDA side stream (graph capture and its warmup
+steps), the states wait for the pass's end in an end-of-pass callback instead, which updates
+them there when it must: every rank must reach the collective at the same point, and a captured
 update must be inside the graph.
 """
 
@@ -29,7 +33,14 @@ from te_core.recipe import Recipe
 
 from te_torch._availability import get_default_recipe
 from te_torch._kernels import _raw_stream
-from te_torch._recipe_state import UpdateRegistry, needs_collective, plan_for, run_plan, run_updates
+from te_torch._recipe_state import (
+    UpdateRegistry,
+    dist_initialized,
+    needs_collective,
+    plan_for,
+    run_plan,
+    run_updates,
+)
 
 __all__ = ["autocast", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe"]
 
@@ -48,6 +59,7 @@ class _State:
         "bwd_registry",
         "bwd_task",
         "deferred",
+        "flushes",
     )
 
     def __init__(self) -> None:
@@ -59,7 +71,8 @@ class _State:
         self.fwd_registry = UpdateRegistry()
         self.bwd_registry = UpdateRegistry()
         self.bwd_task = None  # the backward pass (graph task id) whose end _end_backward awaits
-        self.deferred: list = []  # the registry entries of finished backward passes
+        self.deferred: list = []  # the registry entries of backward passes, awaiting their update
+        self.flushes = 0  # how many times ``deferred`` was updated and emptied
 
 
 STATE = _State()
@@ -138,6 +151,7 @@ class autocast:  # noqa: N801 (TE's name)
                 plan = plan_for(entries + s.deferred)
                 if _on_default_streams(plan):
                     s.deferred = []
+                    s.flushes += 1
                     run_plan(plan)
                     return
             if entries:
@@ -184,16 +198,18 @@ def register_backward(entry: tuple) -> None:
     current backward pass (see the module docstring). A state still deferred from an earlier
     pass is updated first."""
     s = STATE
-    if s.deferred:
-        st = entry[2]
-        for e in s.deferred:
-            if e[2] is st:
-                flush_deferred()
-                break
+    task = _graph_task_id()
+    st = entry[2]
+    pending = st.pending
+    if pending is not None and pending[0] == s.flushes and pending[1] != task:
+        flush_deferred()
+    st.pending = (s.flushes, task)
+    if _may_defer(entry[0][7]):
+        s.deferred.append(entry)
+        return
     s.bwd_registry.add(entry)
     # Once per pass. Compared by id, not a flag: a pass that raised never ran its callback, and a
     # flag would then stay set and leave every later pass's states unupdated.
-    task = _graph_task_id()
     if s.bwd_task != task:
         s.bwd_task = task
         torch.autograd.Variable._execution_engine.queue_callback(_end_backward)
@@ -203,15 +219,27 @@ _graph_task_id = torch._C._current_graph_task_id
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
+def _on_default_stream(cuda_index: int) -> bool:
+    """Whether a key's device (recipe_key's CUDA index, -1: not CUDA) runs on its default stream,
+    where eager training runs. Graph capture never does (it needs a side stream), nor do the
+    warmup steps torch.cuda.make_graphed_callables and its users run before a capture: their
+    updates run at once, so none is pending, or flushed inside a capture, when capture starts."""
+    return cuda_index < 0 or not _raw_stream(cuda_index)
+
+
 def _on_default_streams(plan) -> bool:
-    """Whether every CUDA device of ``plan`` is running on its default stream, where eager
-    training runs. Graph capture never does (it needs a side stream), nor do the warmup steps
-    torch.cuda.make_graphed_callables and its users run before a capture: their updates run at
-    once, so none is pending, or flushed inside a capture, when capture starts."""
-    for dev in plan.devices:
-        if _raw_stream(torch.cuda.current_device() if dev.index is None else dev.index):
+    """_on_default_stream for every CUDA device of ``plan``."""
+    for index in plan.devices:
+        if _raw_stream(index):
             return False
     return True
+
+
+def _may_defer(cuda_index: int) -> bool:
+    """Whether a backward state of a key on that device is deferred as it registers: no process
+    group whose ranks the update might have to all-reduce across at the pass's end, and the
+    default stream."""
+    return not dist_initialized() and _on_default_stream(cuda_index)
 
 
 def _end_backward() -> None:
@@ -235,11 +263,12 @@ def flush_deferred() -> None:
     entries = STATE.deferred
     if not entries:
         return
-    if any(key[6].type == "cuda" for key, _, _ in entries) and _stream_capturing():
+    if any(key[7] >= 0 for key, _, _ in entries) and _stream_capturing():
         raise RuntimeError(
             "te: a CUDA graph capture reached te's delayed-scaling state while the update of an "
             "earlier backward pass was still pending: run a warmup step on the capture's side "
             "stream first (as torch.cuda.graph requires), or use te.make_graphed_callables"
         )
     STATE.deferred = []
+    STATE.flushes += 1
     run_updates(entries)

@@ -31,18 +31,22 @@ _FLT_MAX = torch.finfo(torch.float32).max
 class DelayedState:
     """amax_history [L, n] and scale [n] (fp32) of one direction of one module."""
 
-    __slots__ = ("amax_history", "scale", "_descs")
+    __slots__ = ("amax_history", "scale", "_descs", "pending")
 
     def __init__(self, history_len: int, n: int, device: torch.device) -> None:
         self.amax_history = torch.zeros(history_len, n, dtype=torch.float32, device=device)
         self.scale = torch.ones(n, dtype=torch.float32, device=device)
         self._descs = None
+        # (flush count, backward pass) of its last backward registration (te_torch._autocast):
+        # its update is pending while the flush count is still the current one
+        self.pending = None
 
     def __deepcopy__(self, memo) -> DelayedState:
         new = DelayedState.__new__(DelayedState)
         new.amax_history = self.amax_history.clone()
         new.scale = self.scale.clone()
         new._descs = None  # descriptors point at the original's buffers
+        new.pending = None
         return new
 
     def amax(self, i: int) -> torch.Tensor:
@@ -80,9 +84,14 @@ class DelayedState:
 
 def recipe_key(recipe, backward: bool, group, device: torch.device) -> tuple:
     """States updated together share fp8_max, margin, amax algorithm, reduction group and device
-    (one update call reaches one device)."""
+    (one update call reaches one device). Last, the device's CUDA index (-1: not CUDA), which the
+    per-step stream checks read: torch.device.type costs ~0.25 us a read on the CPU."""
     fmt = recipe.fp8_format
     fp8_max = float(fmt.max_bwd if backward else fmt.max_fwd)
+    dev = torch.device(device)
+    cuda_index = -1
+    if dev.type == "cuda":
+        cuda_index = torch.cuda.current_device() if dev.index is None else dev.index
     return (
         fp8_max,
         float(recipe.margin),
@@ -90,7 +99,8 @@ def recipe_key(recipe, backward: bool, group, device: torch.device) -> tuple:
         recipe.scaling_factor_compute_algo,
         bool(recipe.reduce_amax),
         group,
-        torch.device(device),
+        dev,
+        cuda_index,
     )
 
 
@@ -116,14 +126,23 @@ class UpdateRegistry:
 
 
 _dist = torch.distributed if torch.distributed.is_available() else None
+# torch.distributed.is_initialized() is three Python calls deep; its answer is this attribute
+_world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
+if not hasattr(_world, "_default_pg"):
+    _world = None
+
+
+def dist_initialized() -> bool:
+    """torch.distributed.is_initialized(), read directly where this torch allows."""
+    if _world is not None:
+        return _world._default_pg is not None
+    return _dist is not None and _dist.is_initialized()
 
 
 def _reduce_amax(states: tuple, group) -> None:
     """All-reduce (max) the staging rows of ``states`` over ``group``, in one collective."""
     dist = _dist
-    if dist is None or not dist.is_initialized():
-        return
-    if dist.get_world_size(group) == 1:
+    if not dist_initialized() or dist.get_world_size(group) == 1:
         return
     rows = [s.amax_history[0] for s in states]
     flat = torch.cat(rows)
@@ -136,7 +155,8 @@ class Plan:
     """The update of one list of entries, prepared once: ``calls`` the built-in algorithms as
     one ``_C.DelayedScalingUpdate`` per device (with the device index its stream is read from),
     ``hooks`` the states with user callables (TE's hooks), ``reduce`` the (states, group) pairs
-    whose amaxes are all-reduced first, ``devices`` the CUDA devices the entries' keys name."""
+    whose amaxes are all-reduced first, ``devices`` the indices of the CUDA devices the entries'
+    keys name."""
 
     __slots__ = ("entries", "calls", "hooks", "reduce", "devices")
 
@@ -155,7 +175,7 @@ class Plan:
         fast: dict[torch.device, list] = {}
         hooks, reduce = [], []
         for key, (recipe, states) in groups.items():
-            fp8_max, margin, algo, sf_algo, reduce_amax, group, dev = key
+            fp8_max, margin, algo, sf_algo, reduce_amax, group, dev, _ = key
             if reduce_amax:
                 reduce.append((tuple(states), group))
             if callable(algo) or sf_algo is not None:
@@ -164,7 +184,7 @@ class Plan:
                 fast.setdefault(dev, []).append((fp8_max, margin, _ALGO[algo], states))
         self.calls = tuple(_prepare(gs) for gs in fast.values())
         self.hooks, self.reduce = tuple(hooks), tuple(reduce)
-        self.devices = tuple(dict.fromkeys(key[6] for key in groups if key[6].type == "cuda"))
+        self.devices = tuple(dict.fromkeys(key[7] for key in groups if key[7] >= 0))
 
 
 def _prepare(groups: list) -> tuple:
@@ -195,7 +215,7 @@ def plan_for(entries: list) -> Plan:
 def needs_collective(plan: Plan) -> bool:
     """Whether running ``plan`` all-reduces amaxes across ranks (reduce_amax, several ranks):
     such an update must run at the same point on every rank."""
-    if not plan.reduce or _dist is None or not _dist.is_initialized():
+    if not plan.reduce or not dist_initialized():
         return False
     return any(_dist.get_world_size(group) > 1 for _, group in plan.reduce)
 
@@ -204,7 +224,7 @@ def run_plan(plan: Plan) -> None:
     """NUMERICS.md's delayed-scaling update of every state of ``plan``: amaxes all-reduced first
     where the key says so, user callables in Python, the built-in algorithms in one C call per
     device."""
-    if plan.reduce and _dist is not None and _dist.is_initialized():
+    if plan.reduce and dist_initialized():
         for states, group in plan.reduce:
             _reduce_amax(states, group)
     for hook in plan.hooks:
