@@ -97,6 +97,11 @@ struct Candidate {
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
+  if (iters < 1 || rounds < 1) {
+    std::printf("usage: %s [iters >= 1, default 10] [rounds >= 1, default 7]; got iters %d, rounds %d\n",
+                argv[0], iters, rounds);
+    return 2;
+  }
   const int64_t max_elems = int64_t{16384} * 16384;
   cublasLtHandle_t lt;
   cublasLtCreate(&lt);
