@@ -174,6 +174,28 @@ def test_token_count_without_weight_gradient_cuda_matches_cpu(name, module):
     assert relerr(got, want) <= tol
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
+@pytest.mark.parametrize("module_on", ["cuda", "cpu"])
+@pytest.mark.parametrize("module", list(GEMM_MODULES))
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_input_on_another_device_is_refused(name, module, module_on, grad):
+    # A CUDA module given a CPU input (or the reverse) under autocast: a ValueError naming both
+    # devices, not a crash (the CPU backend once read the CUDA weight's pointer: segfault), and
+    # the module still trains on its own device afterwards.
+    r = RECIPES[name]()
+    m = GEMM_MODULES[module](torch.bfloat16).to(module_on)
+    wrong = torch.randn(32, 256, dtype=torch.bfloat16, device="cpu" if module_on == "cuda" else CUDA)
+    with torch.set_grad_enabled(grad), te.autocast(recipe=r):
+        with pytest.raises(ValueError, match="device") as e:
+            m(wrong.requires_grad_(grad))
+    assert "cpu" in str(e.value) and "cuda" in str(e.value), str(e.value)
+    x = torch.randn(32, 256, dtype=torch.bfloat16, device=module_on, requires_grad=True)
+    with te.autocast(recipe=r):
+        y = m(x)
+    y.float().sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("module", list(GEMM_MODULES))
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_inference_keeps_no_copies_for_backward(name, module):

@@ -120,7 +120,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     lr, lc = packed(xq[0], xq[1], src.shape)
     if not need_dw:
         lc = 0
-    plan = weight_plan(c, weight, first, need_dln)
+    plan = weight_plan(c, weight, first, need_dln, dev)
     _, wr, wc, keep = plan
     rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
     sn = stats_bytes(rows + pad, rms)

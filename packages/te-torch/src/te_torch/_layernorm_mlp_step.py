@@ -102,7 +102,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     lr, lc = packed(xq1[0], xq1[1], src.shape)
     ar, ac = packed(xq2[0], xq2[1], a_shape)
     lc, ac = (lc if need_dw1 else 0), (ac if need_dw2 else 0)
-    plan1, plan2 = weight_plan(c1, w1, first, need_dln), weight_plan(c2, w2, first, need_dh)
+    plan1, plan2 = weight_plan(c1, w1, first, need_dln, dev), weight_plan(c2, w2, first, need_dh, dev)
     w1r, w1c, w2r, w2c = plan1[1], plan1[2], plan2[1], plan2[2]
     hn, sn = scratch(h_shape.numel() * inp.element_size()), stats_bytes(rows + pad, rms)
     tn = lr + w1r + ar + w2r

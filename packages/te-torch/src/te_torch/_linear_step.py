@@ -44,11 +44,21 @@ def _stored_operand(op: tuple) -> tuple:
     return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
 
 
-def weight_plan(c, weight: torch.Tensor, first, need_col: bool) -> tuple:
+def weight_plan(c, weight: torch.Tensor, first, need_col: bool, dev: int) -> tuple:
     """How a step gets its quantized weight: (wq, row bytes, col bytes, keep). A fresh weight is
     quantized by ``wq`` (its quantizer's _flat()) into packed copies of those sizes (col 0: no
     column-wise copy); a stored quantized weight or is_first_microbatch's cached copy is read as
-    it is (``keep``: its parts, alive until backward even if re-cached; wq None)."""
+    it is (``keep``: its parts, alive until backward even if re-cached; wq None).
+
+    ``dev``: the input's device index (-1: CPU). The step describes the weight and the buffers
+    its copies go to by that index, so a weight elsewhere is refused here: te-core's own device
+    checks would see only the index it was given, and a CUDA pointer read by the CPU backend
+    crashes the process."""
+    if weight.get_device() != dev:
+        raise ValueError(
+            f"{c.owner}: the input is on {'cpu' if dev < 0 else f'cuda:{dev}'} but a weight is on "
+            f"{weight.device}: move the input, or the module (module.to(...)), to one device"
+        )
     if first is None and not isinstance(weight, QuantizedTensor):
         wq = c.w_q[3]._flat()
         wr, wc = packed(wq[0], wq[1], weight.shape)
@@ -120,7 +130,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     xr, xc = packed(xq[0], xq[1], src.shape)
     if not need_dw:
         xc = 0
-    plan = weight_plan(c, weight, first, need_dx)
+    plan = weight_plan(c, weight, first, need_dx, dev)
     _, wr, wc, keep = plan
     tmp = take_tmp(xr + wr, device, dev, stream)
     tp = tmp.data_ptr()
@@ -200,7 +210,7 @@ def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, dev
             f"accumulates into it), got {main_grad.dtype} with strides {tuple(main_grad.stride())}"
         )
     accumulate = not getattr(weight, "overwrite_main_grad", False)
-    dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, dev)
+    dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, main_grad.get_device())
     return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, split)
 
 
