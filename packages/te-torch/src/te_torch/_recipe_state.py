@@ -140,9 +140,10 @@ def dist_initialized() -> bool:
 
 
 def _reduce_amax(states: tuple, group) -> None:
-    """All-reduce (max) the staging rows of ``states`` over ``group``, in one collective."""
+    """All-reduce (max) the staging rows of ``states`` over ``group``, in one collective (run_plan
+    calls it only where torch.distributed is initialized)."""
     dist = _dist
-    if not dist_initialized() or dist.get_world_size(group) == 1:
+    if dist.get_world_size(group) == 1:
         return
     rows = [s.amax_history[0] for s in states]
     flat = torch.cat(rows)
