@@ -91,6 +91,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--tokens", type=int, default=16384, help="e.g. 16383: te pads odd counts (_token_pad)")
     p.add_argument("--json", default=None)
+    p.add_argument("--rows", default=None, help="only rows whose name contains this (torch's always runs)")
     a = p.parse_args()
     tokens = a.tokens
     if not torch.cuda.is_available():
@@ -112,11 +113,19 @@ def main() -> int:
         with torch.no_grad():
             mine.weight.copy_(ref.weight)
             mine.bias.copy_(ref.bias)
-        steps = {"torch nn.Linear BF16": fwd_bwd(ref, x, dy), "te.Linear BF16": fwd_bwd(mine, x, dy)}
-        steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items()})
+
+        def wanted(name: str) -> bool:
+            return a.rows is None or a.rows in name
+
+        steps = {"torch nn.Linear BF16": fwd_bwd(ref, x, dy)}
+        if wanted("te.Linear BF16"):
+            steps["te.Linear BF16"] = fwd_bwd(mine, x, dy)
+        steps.update({name: fwd_bwd(mine, x, dy, r) for name, r in recipes.items() if wanted(name)})
         for name in ("te DelayedScaling", "te Float8CurrentScaling"):
-            steps[f"{name} + CUDA graphs"] = graphed_step(mine, x, dy, recipes[name])
-        steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
+            if wanted(f"{name} + CUDA graphs"):
+                steps[f"{name} + CUDA graphs"] = graphed_step(mine, x, dy, recipes[name])
+        if a.rows is None:
+            steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
         print(f"\nLinear {k} -> {n}, fwd+bwd: synced (one step per pair of events), back to back")
         per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup)
         back_to_back = functools.partial(cuda_event_ms, steps=10)
