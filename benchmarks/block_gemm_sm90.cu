@@ -1,0 +1,904 @@
+// Probe: a Hopper (sm_90a) GEMM of te's own for the product cuBLASLt runs slowest, both operands
+// FP8 in 1x128 blocks along K (Float8BlockScaling's wgrad, x^T dy from the two column-wise
+// copies: cuBLASLt ~1050 TFLOP/s on the H200 against ~1320 for the 1x128 x 128x128 fprop, every
+// configuration it offers timed in the twenty-sixth session). Checked against a naive fp32
+// reference and timed against cuBLASLt's kernel in alternating rounds. Not part of te: te_gemm runs
+// cuBLASLt, which this kernel does not beat yet (benchmarks/NOTES.md, twenty-eighth session: its
+// best variant runs at 0.89-0.90x cuBLASLt's speed). It is the starting point for te's own Hopper
+// GEMM (the fused epilogues the MLP targets need): TMA maps, an mbarrier ring filled by a producer
+// warpgroup, wgmma on 128-byte-swizzled K-major tiles, block-scale promotion, a persistent loop.
+//
+// D[M, N] = alpha * sum over 128-blocks kb of (sum over k in kb of A[m, k] B[n, k]) * sa[kb, m] *
+// sb[kb, n] (+ beta * D_old), A stored [M, K] and B stored [N, K] (K contiguous, Hopper's only FP8
+// layout), scales in te/tensor.h's 1-D layout. Each 128-block's partial sum is accumulated by the
+// tensor core from zero (wgmma m64nNk32, four per block), then promoted into fp32 registers with
+// its two scales: the same bound on the tensor core's short accumulator as cuBLASLt's block-scaled
+// kernels, and the CPU reference's numerics up to the order of the fp32 additions.
+//
+// Shape: one CTA per SM walking output tiles of 128 x kBlockN. One thread of a producer warpgroup
+// issues every copy: TMA for the operands' 128-deep K slices (128-byte swizzle, zero fill past the
+// edges) and bulk copies for their scales, into a ring of stages it keeps full across tiles. Two
+// consumer warpgroups of 64 rows each hold their 64 x kBlockN fp32 result and a 64 x kWgmmaN wgmma
+// accumulator; setmaxnreg moves registers from the producer (40) to them (232). Variants (Tile):
+// 128 x 256 in two wgmma halves or 128 x 192 in one; the warpgroups' batches in turns or not; a
+// 128 x 128 tile with a double-buffered accumulator (block kb + 1's batch runs during kb's
+// promotion).
+//
+// Build and run on the GPU machine (cuBLASLt from the nvidia-cublas wheel beside torch):
+//   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
+//   nvcc -std=c++17 -arch=sm_90a -O3 -Ipackages/te-core/csrc -Ipackages/te-cpp-headers/include \
+//     -I$NV/include benchmarks/block_gemm_sm90.cu -o /tmp/block_gemm \
+//     -Xlinker $NV/lib/libcublasLt.so.13 -Xlinker -rpath=$NV/lib
+//   /tmp/block_gemm [iters=10] [rounds=7] [mode: 0 check and time, 1 one call of each (for ncu)]
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "common/kernels.h"
+#include "cuda/cuda_utils.cuh"
+#include "te/gemm.h"
+
+namespace te {
+namespace cuda {
+namespace probe {
+
+int multiprocessors() {
+  int n = 0;
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0);
+  return n;
+}
+
+constexpr int kBlockM = 128, kBlockK = 128;
+constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 128;
+
+template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, bool kDoubleBuffer_ = false>
+struct Tile {
+  // Two wgmma accumulators: block kb + 1's batch runs while block kb's partial sums are promoted.
+  static constexpr bool kDoubleBuffer = kDoubleBuffer_;
+  static constexpr int kWgmmaN = kWgmmaN_, kHalves = kHalves_, kStages = kStages_;
+  // The consumer warpgroups issue their wgmma batches in turns (named barriers 1 and 2), so one
+  // promotes while the other's batch runs instead of both waiting on the tensor cores together.
+  static constexpr bool kTakeTurns = kTakeTurns_;
+  static constexpr int kBlockN = kWgmmaN * kHalves;
+  static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
+  static constexpr int kStageBytes = kABytes + kBBytes;  // a multiple of 1024 (the swizzle)
+  static constexpr int kScaleOffset = kStages * kStageBytes;
+  static constexpr int kScaleStageBytes = (kBlockM + kBlockN) * 4;
+  static constexpr int kBarOffset = kScaleOffset + kStages * kScaleStageBytes;
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
+};
+
+struct Params {
+  int64_t m, n, k;
+  const float* a_scale;  // [ceil(K/128), a_scale_ld]
+  const float* b_scale;  // [ceil(K/128), b_scale_ld]
+  int64_t a_scale_ld, b_scale_ld;
+  float alpha, beta;
+  void* d;
+  int32_t d_dtype;
+  int tiles_n, tiles;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TE_SM90A_DEVICE 1
+#endif
+
+#ifdef TE_SM90A_DEVICE
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                         int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle, 8-row groups 1024
+// bytes apart; stepping K by 32 elements adds 32 bytes to the start address.
+__device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+#define TE_WGMMA_REGS_64 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+#define TE_WGMMA_OPERANDS_64 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+  "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
+  "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+  "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+  "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
+  "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
+  "+f"(d[62]), "+f"(d[63])
+
+#define TE_WGMMA_REGS_96 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+  "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
+  "%87, %88, %89, %90, %91, %92, %93, %94, %95"
+
+#define TE_WGMMA_OPERANDS_96 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+  "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
+  "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+  "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+  "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
+  "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
+  "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), \
+  "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), \
+  "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), \
+  "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
+  "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+
+
+#define TE_WGMMA_ASM(SHAPE, REGS, OPERANDS, IA, IB, IS, TA, TB)                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                           \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TA "." TB " {" REGS "}, %" IA \
+               ", %" IB ", p, 1, 1;\n}\n"                                                 \
+               : OPERANDS                                                                \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define TE_WGMMA_N128(TA, TB) \
+  TE_WGMMA_ASM("m64n128k32", TE_WGMMA_REGS_64, TE_WGMMA_OPERANDS_64, "64", "65", "66", TA, TB)
+#define TE_WGMMA_N192(TA, TB) \
+  TE_WGMMA_ASM("m64n192k32", TE_WGMMA_REGS_96, TE_WGMMA_OPERANDS_96, "96", "97", "98", TA, TB)
+#define TE_WGMMA_TYPED(OP)                                                     \
+  if constexpr (TypeA == TE_DTYPE_FLOAT8_E4M3 && TypeB == TE_DTYPE_FLOAT8_E4M3) { \
+    OP("e4m3", "e4m3");                                                        \
+  } else if constexpr (TypeA == TE_DTYPE_FLOAT8_E4M3) {                        \
+    OP("e4m3", "e5m2");                                                        \
+  } else if constexpr (TypeB == TE_DTYPE_FLOAT8_E4M3) {                        \
+    OP("e5m2", "e4m3");                                                        \
+  } else {                                                                     \
+    OP("e5m2", "e5m2");                                                        \
+  }
+
+// d (+)= A_tile (64 x 32, K-major) * B_tile (N x 32, K-major)^T; accumulate = 0 starts from zero.
+template <int N, int TypeA, int TypeB>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                      int accumulate) {
+  static_assert(N == 128 || N == 192, "wgmma: N is 128 or 192");
+  if constexpr (N == 128) {
+    TE_WGMMA_TYPED(TE_WGMMA_N128)
+  } else {
+    TE_WGMMA_TYPED(TE_WGMMA_N192)
+  }
+}
+#undef TE_WGMMA_TYPED
+#undef TE_WGMMA_N192
+#undef TE_WGMMA_N128
+#undef TE_WGMMA_ASM
+
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+
+// Keeps the compiler from moving reads of wgmma's registers above the wait for it.
+template <int R>
+__device__ __forceinline__ void pin(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t col, float v0,
+                                           float v1) {
+  T* d = static_cast<T*>(p.d) + row * p.n + col;
+  const bool both = col + 1 < p.n;
+  if (p.beta != 0.0f) {
+    v0 += p.beta * static_cast<float>(d[0]);
+    if (both) v1 += p.beta * static_cast<float>(d[1]);
+  }
+  if (both && p.n % 2 == 0) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      *reinterpret_cast<__nv_bfloat162*>(d) = __floats2bfloat162_rn(v0, v1);
+    } else {
+      *reinterpret_cast<__half2*>(d) = __floats2half2_rn(v0, v1);
+    }
+    return;
+  }
+  d[0] = static_cast<T>(v0);
+  if (both) d[1] = static_cast<T>(v1);
+}
+#endif  // TE_SM90A_DEVICE
+
+template <int TypeA, int TypeB, typename Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    block1d_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
+                        const __grid_constant__ CUtensorMap map_b, const Params p) {
+#ifdef TE_SM90A_DEVICE
+  constexpr int kStages = Cfg::kStages, kBlockN = Cfg::kBlockN, kWgmmaN = Cfg::kWgmmaN;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023) & ~uint32_t{1023};
+  const float* scales = reinterpret_cast<const float*>(smem_raw + (base - smem_addr(smem_raw)) +
+                                                       Cfg::kScaleOffset);
+  const uint32_t full = base + Cfg::kBarOffset, empty = full + kStages * 8;
+  const int k_blocks = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(full + 8 * s, 1);
+      bar_init(empty + 8 * s, kConsumerThreads / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerThreads / 32) {  // the producer warpgroup: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (warp != kConsumerThreads / 32 || lane != 0) return;
+    int it = 0;  // K slices issued so far, over all of this CTA's tiles
+    for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+      const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
+      const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+      // Scale rows are read up to the padded leading dimension (a multiple of 4 floats), so every
+      // copy is whole 16-byte units inside the table; entries past M or N feed rows and columns
+      // that are never stored.
+      const uint32_t a_bytes =
+          static_cast<uint32_t>(4 * (p.a_scale_ld - m0 < kBlockM ? p.a_scale_ld - m0 : kBlockM));
+      const uint32_t b_bytes =
+          static_cast<uint32_t>(4 * (p.b_scale_ld - n0 < kBlockN ? p.b_scale_ld - n0 : kBlockN));
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) bar_wait(empty + 8 * s, ((it / kStages) + 1) & 1);
+        const uint32_t bar = full + 8 * s;
+        bar_expect_tx(bar, Cfg::kStageBytes + a_bytes + b_bytes);
+        const uint32_t stage = base + s * Cfg::kStageBytes;
+        tma_load(stage, &map_a, bar, kb * kBlockK, static_cast<int32_t>(m0));
+        tma_load(stage + Cfg::kABytes, &map_b, bar, kb * kBlockK, static_cast<int32_t>(n0));
+        const uint32_t sc = base + Cfg::kScaleOffset + s * Cfg::kScaleStageBytes;
+        bulk_load(sc, p.a_scale + kb * p.a_scale_ld + m0, a_bytes, bar);
+        bulk_load(sc + kBlockM * 4, p.b_scale + kb * p.b_scale_ld + n0, b_bytes, bar);
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup g holds rows 64 g .. 64 g + 63 of the tile. In wgmma's accumulator layout
+  // register i of a 64 x kWgmmaN block is row 16 w + lane / 4 + 8 ((i / 2) % 2), column
+  // 8 (i / 4) + 2 (lane % 4) + i % 2, for warp w of the warpgroup.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int g = warp / 4;
+  const int row0 = 64 * g + 16 * (warp % 4) + lane / 4;
+  const int col0 = 2 * (lane % 4);
+  float part[kWgmmaN / 2];
+#pragma unroll
+  for (int i = 0; i < kWgmmaN / 2; ++i) part[i] = 0.0f;
+  // Turns: warpgroup 0 waits on barrier 2 before each batch and then opens barrier 1; warpgroup 1
+  // the other way round, having opened barrier 2 once first.
+  const int my_turn = g == 0 ? 2 : 1, next_turn = g == 0 ? 1 : 2;
+  if (Cfg::kTakeTurns && g == 1) named_arrive(2);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
+    const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+    float acc[kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+
+    if constexpr (Cfg::kDoubleBuffer) {
+      static_assert(Cfg::kHalves == 1, "double buffering takes one wgmma batch per block");
+      float other[kWgmmaN / 2];
+      auto issue = [&](float(&buf)[kWgmmaN / 2], int at) {
+        const int s = at % kStages;
+        bar_wait(full + 8 * s, (at / kStages) & 1);
+        const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
+        const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
+        if (Cfg::kTakeTurns) named_sync(my_turn);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 32; ++kk) {
+          wgmma<kWgmmaN, TypeA, TypeB>(buf, tile_desc(a_tile + 32 * kk), tile_desc(b_tile + 32 * kk),
+                                       kk > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (Cfg::kTakeTurns) named_arrive(next_turn);
+      };
+      auto promote = [&](float(&buf)[kWgmmaN / 2], int at) {
+        pin(buf);
+        const int s = at % kStages;
+        const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
+        const float* sb = sa + kBlockM;
+        const float sa0 = sa[row0], sa1 = sa[row0 + 8];
+#pragma unroll
+        for (int c = 0; c < kWgmmaN / 8; ++c) {
+          const float2 sbc = *reinterpret_cast<const float2*>(sb + 8 * c + col0);
+          float* out = acc + 4 * c;
+          out[0] = fmaf(buf[4 * c + 0], sa0 * sbc.x, out[0]);
+          out[1] = fmaf(buf[4 * c + 1], sa0 * sbc.y, out[1]);
+          out[2] = fmaf(buf[4 * c + 2], sa1 * sbc.x, out[2]);
+          out[3] = fmaf(buf[4 * c + 3], sa1 * sbc.y, out[3]);
+        }
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty + 8 * s);
+      };
+      issue(part, it);
+      for (int kb = 0; kb < k_blocks; kb += 2) {
+        if (kb + 1 < k_blocks) {
+          issue(other, it + kb + 1);
+          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        } else {
+          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        }
+        promote(part, it + kb);
+        if (kb + 1 < k_blocks) {
+          if (kb + 2 < k_blocks) {
+            issue(part, it + kb + 2);
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+          } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+          }
+          promote(other, it + kb + 1);
+        }
+      }
+      it += k_blocks;
+    } else {
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        bar_wait(full + 8 * s, (it / kStages) & 1);
+        const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
+        const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
+        const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
+        const float* sb = sa + kBlockM;
+        const float sa0 = sa[row0], sa1 = sa[row0 + 8];
+  #pragma unroll
+        for (int h = 0; h < Cfg::kHalves; ++h) {
+          if (Cfg::kTakeTurns) named_sync(my_turn);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  #pragma unroll
+          for (int kk = 0; kk < kBlockK / 32; ++kk) {
+            wgmma<kWgmmaN, TypeA, TypeB>(part, tile_desc(a_tile + 32 * kk),
+                                         tile_desc(b_tile + h * kWgmmaN * kBlockK + 32 * kk), kk > 0);
+          }
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          if (Cfg::kTakeTurns) named_arrive(next_turn);
+          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+          pin(part);
+  #pragma unroll
+          for (int c = 0; c < kWgmmaN / 8; ++c) {
+            const float2 sbc = *reinterpret_cast<const float2*>(sb + h * kWgmmaN + 8 * c + col0);
+            float* out = acc + h * (kWgmmaN / 2) + 4 * c;
+            out[0] = fmaf(part[4 * c + 0], sa0 * sbc.x, out[0]);
+            out[1] = fmaf(part[4 * c + 1], sa0 * sbc.y, out[1]);
+            out[2] = fmaf(part[4 * c + 2], sa1 * sbc.x, out[2]);
+            out[3] = fmaf(part[4 * c + 3], sa1 * sbc.y, out[3]);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty + 8 * s);
+      }
+    }
+
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; ++c) {
+      const int64_t col = n0 + 8 * c + col0;
+      if (col >= p.n) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + row0 + 8 * half;
+        if (row >= p.m) continue;
+        const float v0 = p.alpha * acc[4 * c + 2 * half];
+        const float v1 = p.alpha * acc[4 * c + 2 * half + 1];
+        switch (p.d_dtype) {
+          case TE_DTYPE_FLOAT32: store_pair<float>(p, row, col, v0, v1); break;
+          case TE_DTYPE_BFLOAT16: store_pair<__nv_bfloat16>(p, row, col, v0, v1); break;
+          default: store_pair<__half>(p, row, col, v0, v1); break;
+        }
+      }
+    }
+  }
+  if (Cfg::kTakeTurns && g == 0) named_sync(2);  // warpgroup 1's last opening
+#endif  // TE_SM90A_DEVICE
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                cudaEnableDefault, &found),
+               "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (f == nullptr || found != cudaDriverEntryPointSuccess) {
+      fail(TE_ERROR_CUDA, "te_gemm: the CUDA driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [rows, k] FP8 operand, K contiguous, as a TMA map of box [box_rows, 128] with 128-byte swizzle.
+CUtensorMap operand_map(const void* data, int64_t rows, int64_t k, uint32_t box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {kBlockK, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data),
+                                    dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    fail(TE_ERROR_CUDA, "te_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+         ") for an operand of ", rows, " x ", k);
+  }
+  return map;
+}
+
+template <int TypeA, int TypeB, typename Cfg>
+void launch_typed(const GemmArgs& g, cudaStream_t stream) {
+  static const bool configured = [] {
+    check_cuda(cudaFuncSetAttribute(block1d_gemm_kernel<TypeA, TypeB, Cfg>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+               "cudaFuncSetAttribute(block1d_gemm_kernel)");
+    return true;
+  }();
+  (void)configured;
+  const int tiles_m = static_cast<int>((g.m + kBlockM - 1) / kBlockM);
+  const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  const CUtensorMap a = operand_map(g.a.data, g.m, g.k, kBlockM);
+  const CUtensorMap b = operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
+  const Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
+                 g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
+                 tiles_m * tiles_n};
+  const int grid = p.tiles < multiprocessors() ? p.tiles : multiprocessors();
+  block1d_gemm_kernel<TypeA, TypeB, Cfg><<<grid, kThreads, Cfg::kSmemBytes, stream>>>(a, b, p);
+  check_launch("te_gemm block1d_gemm_kernel (sm_90a)");
+}
+
+template <typename Cfg>
+void launch(const GemmArgs& g, cudaStream_t stream) {
+  const bool a_e4m3 = g.a.dtype == TE_DTYPE_FLOAT8_E4M3, b_e4m3 = g.b.dtype == TE_DTYPE_FLOAT8_E4M3;
+  if (a_e4m3 && b_e4m3) {
+    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream);
+  } else if (a_e4m3) {
+    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream);
+  } else if (b_e4m3) {
+    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream);
+  } else {
+    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream);
+  }
+}
+
+using Wide = Tile<128, 2, 4, false>;    // 128 x 256 tiles, two wgmma halves
+using Narrow = Tile<192, 1, 5, false>;  // 128 x 192 tiles, one wgmma
+using WideTurns = Tile<128, 2, 4, true>;
+using NarrowTurns = Tile<192, 1, 5, true>;
+using Square = Tile<128, 1, 6, false, true>;  // 128 x 128 tiles, double-buffered accumulator
+using SquareTurns = Tile<128, 1, 6, true, true>;
+
+}  // namespace probe
+}  // namespace cuda
+}  // namespace te
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using te::GemmArgs;
+using te::GemmOperand;
+namespace pr = te::cuda::probe;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// ---- the variants ------------------------------------------------------------------------------
+
+const char* const kVariants[] = {"wide",       "wide-per-tile", "narrow",          "wide-turns",
+                                 "narrow-turns", "square-db",   "square-db-turns"};
+constexpr int kVariantCount = 7;
+
+// E4M3 x E4M3 through variant v; other formats through the wide kernel.
+template <typename Cfg>
+void launch_variant(const GemmArgs& g, bool persistent) {
+  constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
+  auto kernel = pr::block1d_gemm_kernel<kE4m3, kE4m3, Cfg>;
+  static const bool configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) ==
+      cudaSuccess;
+  (void)configured;
+  const int tiles_m = static_cast<int>((g.m + pr::kBlockM - 1) / pr::kBlockM);
+  const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  const CUtensorMap a = pr::operand_map(g.a.data, g.m, g.k, pr::kBlockM);
+  const CUtensorMap b = pr::operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
+  const pr::Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
+                     g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
+                     tiles_m * tiles_n};
+  const int grid = persistent ? std::min(p.tiles, pr::multiprocessors()) : p.tiles;
+  kernel<<<grid, pr::kThreads, Cfg::kSmemBytes>>>(a, b, p);
+}
+
+void run_variant(const GemmArgs& g, int v) {
+  if (g.a.dtype != TE_DTYPE_FLOAT8_E4M3 || g.b.dtype != TE_DTYPE_FLOAT8_E4M3) {
+    pr::launch<pr::Wide>(g, nullptr);
+    return;
+  }
+  switch (v) {
+    case 0: launch_variant<pr::Wide>(g, true); break;
+    case 1: launch_variant<pr::Wide>(g, false); break;
+    case 2: launch_variant<pr::Narrow>(g, true); break;
+    case 3: launch_variant<pr::WideTurns>(g, true); break;
+    case 4: launch_variant<pr::NarrowTurns>(g, true); break;
+    case 5: launch_variant<pr::Square>(g, true); break;
+    default: launch_variant<pr::SquareTurns>(g, true); break;
+  }
+}
+
+// ---- operands and the reference ----------------------------------------------------------------
+
+__device__ float fp8_value(uint8_t v, bool e4m3) {
+  if (e4m3) {
+    __nv_fp8_e4m3 x;
+    x.__x = v;
+    return static_cast<float>(x);
+  }
+  __nv_fp8_e5m2 x;
+  x.__x = v;
+  return static_cast<float>(x);
+}
+
+// out = sum over k of dequantized products, in increasing k (the CPU reference's order);
+// abs_sum = the sum of their magnitudes (the scale of the rounding a result may carry).
+__global__ void reference_kernel(const uint8_t* a, const uint8_t* b, const float* sa,
+                                 const float* sb, int64_t sa_ld, int64_t sb_ld, int64_t m, int64_t n,
+                                 int64_t k, bool a_e4m3, bool b_e4m3, float* out, float* abs_sum) {
+  const int64_t i = blockIdx.y, j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= m || j >= n) return;
+  float acc = 0.0f, mag = 0.0f;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float x = fp8_value(a[i * k + kk], a_e4m3) * sa[(kk / 128) * sa_ld + i];
+    const float y = fp8_value(b[j * k + kk], b_e4m3) * sb[(kk / 128) * sb_ld + j];
+    acc += x * y;
+    mag += fabsf(x * y);
+  }
+  out[i * n + j] = acc;
+  abs_sum[i * n + j] = mag;
+}
+
+uint32_t next_random() {
+  static uint32_t state = 12345;
+  state = state * 1664525u + 1013904223u;
+  return state >> 8;
+}
+
+// Any finite FP8 byte (the format's whole range), or, for timing, small values of both signs.
+uint8_t random_fp8(bool e4m3, bool small) {
+  if (small) return static_cast<uint8_t>((next_random() & 0x37) | (next_random() & 0x80));
+  for (;;) {
+    const auto v = static_cast<uint8_t>(next_random() & 0xFF);
+    if (e4m3 ? (v & 0x7F) == 0x7F : (v & 0x7C) == 0x7C) continue;  // NaN (and E5M2's inf)
+    return v;
+  }
+}
+
+struct Problem {
+  int64_t m, n, k;
+  bool a_e4m3, b_e4m3;
+  uint8_t *a = nullptr, *b = nullptr;
+  float *sa = nullptr, *sb = nullptr;
+  void* d = nullptr;  // room for an fp32 [m, n]
+  int64_t sa_ld, sb_ld;
+
+  Problem(int64_t m_, int64_t n_, int64_t k_, bool a_e4m3_, bool b_e4m3_, bool small)
+      : m(m_), n(n_), k(k_), a_e4m3(a_e4m3_), b_e4m3(b_e4m3_), sa_ld((m_ + 3) / 4 * 4),
+        sb_ld((n_ + 3) / 4 * 4) {
+    const int64_t k_blocks = (k + 127) / 128;
+    std::vector<uint8_t> ha(m * k), hb(n * k);
+    std::vector<float> hsa(k_blocks * sa_ld), hsb(k_blocks * sb_ld);
+    for (auto& x : ha) x = random_fp8(a_e4m3, small);
+    for (auto& x : hb) x = random_fp8(b_e4m3, small);
+    // powers of two from 1/16 to 16, as Float8BlockScaling's scales are
+    for (auto& x : hsa) x = ldexpf(1.0f, static_cast<int>(next_random() % 9) - 4);
+    for (auto& x : hsb) x = ldexpf(1.0f, static_cast<int>(next_random() % 9) - 4);
+    check(cudaMalloc(&a, ha.size()), "cudaMalloc");
+    check(cudaMalloc(&b, hb.size()), "cudaMalloc");
+    check(cudaMalloc(&sa, hsa.size() * 4), "cudaMalloc");
+    check(cudaMalloc(&sb, hsb.size() * 4), "cudaMalloc");
+    check(cudaMalloc(&d, m * n * 4), "cudaMalloc");
+    check(cudaMemcpy(a, ha.data(), ha.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(b, hb.data(), hb.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(sa, hsa.data(), hsa.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(sb, hsb.data(), hsb.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  ~Problem() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(sa);
+    cudaFree(sb);
+    cudaFree(d);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+
+  GemmArgs args(int32_t d_dtype, float alpha, float beta) const {
+    GemmArgs g{};
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    const int32_t ta = a_e4m3 ? TE_DTYPE_FLOAT8_E4M3 : TE_DTYPE_FLOAT8_E5M2;
+    const int32_t tb = b_e4m3 ? TE_DTYPE_FLOAT8_E4M3 : TE_DTYPE_FLOAT8_E5M2;
+    g.a = GemmOperand{a, ta, TE_SCALING_BLOCK_1D, false, sa, sa_ld, nullptr, nullptr};
+    g.b = GemmOperand{b, tb, TE_SCALING_BLOCK_1D, true, sb, sb_ld, nullptr, nullptr};
+    g.alpha = alpha;
+    g.beta = beta;
+    g.d = d;
+    g.d_dtype = d_dtype;
+    g.epilogue = TE_EPILOGUE_DEFAULT;
+    return g;
+  }
+};
+
+template <typename T>
+void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
+}
+
+// cuBLASLt's 1x128 x 1x128 product on the same operands (its heuristic's first algorithm, as
+// te_gemm runs it): the column-major view D^T[N, M] = B[N, K] (op T) x A^T[K, M].
+struct Cublaslt {
+  cublasLtHandle_t handle{};
+  cublasLtMatmulDesc_t desc{};
+  cublasLtMatrixLayout_t la{}, lb{}, ld{};
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t{64} << 20;
+  bool found = false;
+
+  Cublaslt(const Problem& x, int32_t d_dtype) {
+    cublasLtCreate(&handle);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    set(desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+    set(desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(x.sb));
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x.sa));
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    const cudaDataType_t dt = d_dtype == TE_DTYPE_FLOAT32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, x.k, x.n, x.k);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, x.k, x.m, x.k);
+    cublasLtMatrixLayoutCreate(&ld, dt, x.n, x.m, x.n);
+    check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace_bytes, sizeof(workspace_bytes));
+    int count = 0;
+    cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &count);
+    found = count > 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~Cublaslt() {
+    cudaFree(workspace);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+  }
+  void run(const Problem& x, float alpha, float beta) {
+    cublasLtMatmul(handle, desc, &alpha, x.b, la, x.a, lb, &beta, x.d, ld, x.d, ld, &heuristic.algo,
+                   workspace, workspace_bytes, nullptr);
+  }
+};
+
+float host_value(const std::vector<uint8_t>& buf, int64_t i, int32_t dtype) {
+  if (dtype == TE_DTYPE_FLOAT32) {
+    float f;
+    std::memcpy(&f, &buf[i * 4], 4);
+    return f;
+  }
+  uint16_t v;
+  std::memcpy(&v, &buf[i * 2], 2);
+  if (dtype == TE_DTYPE_BFLOAT16) {
+    const uint32_t u = uint32_t{v} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  __half h;
+  std::memcpy(&h, &v, 2);
+  return __half2float(h);
+}
+
+// Normwise relative error against the reference, with te's GPU-test tolerances (4e-4 for an
+// fp32 D, 1e-2 for 16-bit); D starts as a byte pattern so that beta's read is checked too.
+// cuBLASLt's error on the same operands is printed beside it (E4M3 x E4M3, fp32 or bf16 D): the
+// tensor core's short accumulator, not the kernel, sets both.
+int check_variant(int64_t m, int64_t n, int64_t k, bool a_e4m3, bool b_e4m3, int32_t d_dtype,
+                  float alpha, float beta, int variant) {
+  Problem x(m, n, k, a_e4m3, b_e4m3, false);
+  float *ref, *mag;
+  check(cudaMalloc(&ref, m * n * 4), "cudaMalloc");
+  check(cudaMalloc(&mag, m * n * 4), "cudaMalloc");
+  reference_kernel<<<dim3(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(m)), 128>>>(
+      x.a, x.b, x.sa, x.sb, x.sa_ld, x.sb_ld, m, n, k, a_e4m3, b_e4m3, ref, mag);
+  std::vector<float> want_acc(m * n), want_mag(m * n);
+  check(cudaMemcpy(want_acc.data(), ref, m * n * 4, cudaMemcpyDeviceToHost), "reference");
+  check(cudaMemcpy(want_mag.data(), mag, m * n * 4, cudaMemcpyDeviceToHost), "reference");
+  cudaFree(ref);
+  cudaFree(mag);
+  const int esize = d_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
+  std::vector<uint8_t> old(m * n * esize), out(m * n * esize);
+  for (size_t i = 0; i < old.size(); ++i) old[i] = static_cast<uint8_t>((i * 7 + 3) & 0x3F);
+  double worst = 0;
+  auto error_of = [&](auto&& run) {  // normwise relative error of what `run` writes into D
+    check(cudaMemcpy(x.d, old.data(), old.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    run();
+    check(cudaDeviceSynchronize(), "the product");
+    check(cudaMemcpy(out.data(), x.d, out.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    double num = 0, den = 0;
+    worst = 0;
+    for (int64_t i = 0; i < m * n; ++i) {
+      const double o = host_value(old, i, d_dtype), got = host_value(out, i, d_dtype);
+      const double want = double{alpha} * want_acc[i] + double{beta} * o;
+      num += (got - want) * (got - want);
+      den += want * want;
+      const double scale = alpha * want_mag[i] + std::fabs(beta * o) + 1e-30;
+      worst = std::max(worst, std::fabs(got - want) / scale);
+    }
+    return std::sqrt(num / (den + 1e-300));
+  };
+  double theirs = NAN;
+  if (a_e4m3 && b_e4m3 && d_dtype != TE_DTYPE_FLOAT16) {
+    Cublaslt lt(x, d_dtype);
+    if (lt.found) theirs = error_of([&] { lt.run(x, alpha, beta); });
+  }
+  const double rel = error_of([&] { run_variant(x.args(d_dtype, alpha, beta), variant); });
+  const double tol = d_dtype == TE_DTYPE_FLOAT32 ? 4e-4 : 1e-2;
+  const bool bad = !(rel <= tol);
+  std::printf(
+      "%s %-15s M %5lld N %5lld K %5lld %s x %s D %d alpha %g beta %g: normwise %.3g (tol %g; "
+      "cuBLASLt %.3g), worst |err| / sum |terms| %.3g\n",
+      bad ? "FAIL" : "ok  ", kVariants[variant], static_cast<long long>(m),
+      static_cast<long long>(n), static_cast<long long>(k), a_e4m3 ? "e4m3" : "e5m2",
+      b_e4m3 ? "e4m3" : "e5m2", d_dtype, alpha, beta, rel, tol, theirs, worst);
+  return bad ? 1 : 0;
+}
+
+// ---- timing against cuBLASLt -------------------------------------------------------------------
+
+void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, int iters,
+                  int rounds, int variant) {
+  Problem x(m, n, k, true, true, true);
+  const GemmArgs g = x.args(d_dtype, 1.0f, beta);
+  Cublaslt lt(x, d_dtype);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  auto time = [&](auto&& call) {
+    for (int i = 0; i < 2; ++i) call();
+    cudaEventRecord(start);
+    for (int i = 0; i < iters; ++i) call();
+    cudaEventRecord(stop);
+    check(cudaEventSynchronize(stop), "timing");
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    return ms / static_cast<float>(iters);
+  };
+  std::vector<float> own_ms, lt_ms, ratios;
+  for (int r = 0; r < rounds; ++r) {  // alternating: the H200's clock follows its recent load
+    const float own = time([&] { run_variant(g, variant); });
+    const float theirs = lt.found ? time([&] { lt.run(x, 1.0f, beta); }) : NAN;
+    own_ms.push_back(own);
+    lt_ms.push_back(theirs);
+    ratios.push_back(theirs / own);
+  }
+  std::sort(own_ms.begin(), own_ms.end());
+  std::sort(lt_ms.begin(), lt_ms.end());
+  std::sort(ratios.begin(), ratios.end());
+  const double tflop = 2.0 * m * n * k / 1e12;
+  const int mid = rounds / 2;
+  std::printf(
+      "time %-15s M %5lld N %5lld K %5lld D %d beta %g: own %.3f ms (%.0f TFLOP/s), "
+      "cuBLASLt %.3f ms (%.0f), cuBLASLt / own median %.3fx [%.3f .. %.3f]\n",
+      kVariants[variant], static_cast<long long>(m), static_cast<long long>(n),
+      static_cast<long long>(k), d_dtype, beta, own_ms[mid], tflop / own_ms[mid] * 1e3,
+      lt_ms[mid], tflop / lt_ms[mid] * 1e3, ratios[mid], ratios.front(), ratios.back());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 10, rounds = argc > 2 ? std::atoi(argv[2]) : 7;
+  const int mode = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (iters < 1 || rounds < 1 || (mode != 0 && mode != 1)) {
+    std::printf("usage: %s [iters >= 1] [rounds >= 1] [mode: 0 check and time, 1 one call each]\n",
+                argv[0]);
+    return 2;
+  }
+  if (mode == 1) {  // one call of each variant, then cuBLASLt's: for ncu
+    Problem x(16384, 4096, 16384, true, true, true);
+    for (int v = 0; v < kVariantCount; ++v) run_variant(x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f), v);
+    check(cudaDeviceSynchronize(), "the variants");
+    Cublaslt lt(x, TE_DTYPE_BFLOAT16);
+    lt.run(x, 1.0f, 0.0f);
+    check(cudaDeviceSynchronize(), "cuBLASLt");
+    return 0;
+  }
+  int fails = 0;
+  const int64_t shapes[][3] = {{128, 256, 128}, {64, 64, 16},    {200, 300, 384}, {1000, 520, 1040},
+                               {37, 17, 272},   {513, 1030, 2064}, {256, 512, 4096}, {1, 1, 32}};
+  for (int v = 0; v < kVariantCount; ++v) {
+    for (const auto& s : shapes) {
+      fails += check_variant(s[0], s[1], s[2], true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f, v);
+    }
+    fails += check_variant(1000, 520, 1040, true, true, TE_DTYPE_FLOAT32, 1.0f, 0.0f, v);
+    fails += check_variant(300, 520, 1040, true, true, TE_DTYPE_FLOAT32, 1.0f, 1.0f, v);
+  }
+  fails += check_variant(300, 520, 1040, false, true, TE_DTYPE_FLOAT32, 0.5f, 0.0f, 0);
+  fails += check_variant(300, 522, 1040, true, false, TE_DTYPE_FLOAT32, 1.0f, 0.0f, 0);
+  fails += check_variant(300, 521, 1040, false, false, TE_DTYPE_BFLOAT16, 2.0f, 1.0f, 0);
+  fails += check_variant(2000, 1000, 4096, true, true, TE_DTYPE_FLOAT32, 1.0f, 0.0f, 0);
+  std::printf("failures: %d\n", fails);
+  for (int v : {0, 3, 5, 6}) {
+    time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
+  }
+  for (int v : {3, 5, 6}) time_variant(16384, 4096, 16384, TE_DTYPE_FLOAT32, 1.0f, iters, rounds, v);
+  for (int v : {3, 5, 6}) time_variant(4096, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
+  return fails;
+}
