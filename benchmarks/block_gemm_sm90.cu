@@ -15,14 +15,16 @@
 // its two scales: the same bound on the tensor core's short accumulator as cuBLASLt's block-scaled
 // kernels, and the CPU reference's numerics up to the order of the fp32 additions.
 //
-// Shape: one CTA per SM walking output tiles of 128 x kBlockN. One thread of a producer warpgroup
-// issues every copy: TMA for the operands' 128-deep K slices (128-byte swizzle, zero fill past the
-// edges) and bulk copies for their scales, into a ring of stages it keeps full across tiles. Two
-// consumer warpgroups of 64 rows each hold their 64 x kBlockN fp32 result and a 64 x kWgmmaN wgmma
-// accumulator; setmaxnreg moves registers from the producer (40) to them (232). Variants (Tile):
-// 128 x 256 in two wgmma halves or 128 x 192 in one; the warpgroups' batches in turns or not; a
-// 128 x 128 tile with a double-buffered accumulator (block kb + 1's batch runs during kb's
-// promotion).
+// Shape: one CTA per SM walking output tiles of kBlockM x kBlockN. One thread of a producer
+// warpgroup issues every copy: TMA for the operands' 128-deep K slices (128-byte swizzle, zero fill
+// past the edges) and bulk copies for their scales, into a ring of stages it keeps full across
+// tiles. Two or three consumer warpgroups of 64 rows each hold their 64 x kBlockN fp32 result and
+// a 64 x kWgmmaN wgmma accumulator; setmaxnreg moves registers from the producer (40) to them (232
+// each for two, 152 for three). Each consumer waits for its whole wgmma batch before promoting:
+// reading one accumulator while another batch is in flight makes ptxas serialize every wgmma
+// (C7514), so the tensor cores are kept busy by the other warpgroups' batches instead. Variants
+// (Tile): 128 x 256 in two m64n128 halves ("wide") or 128 x 192 in one m64n192 ("narrow") with two
+// consumers, 192 x 128 with three ("tall"); batches issued in turns (named barriers) or not.
 //
 // Build and run on the GPU machine (cuBLASLt from the nvidia-cublas wheel beside torch):
 //   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
@@ -50,16 +52,19 @@ int multiprocessors() {
   return n;
 }
 
-constexpr int kBlockM = 128, kBlockK = 128;
-constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 128;
+constexpr int kBlockK = 128;
 
-template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, bool kDoubleBuffer_ = false>
+template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2>
 struct Tile {
-  // Two wgmma accumulators: block kb + 1's batch runs while block kb's partial sums are promoted.
-  static constexpr bool kDoubleBuffer = kDoubleBuffer_;
+  // Consumer warpgroups of 64 rows each (2 or 3), and the registers setmaxnreg gives each of
+  // their threads: a scheduler holds one producer warp (40) and one warp of each consumer.
+  static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers;
+  static constexpr int kConsumerThreads = 128 * kConsumers, kThreads = kConsumerThreads + 128;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 152;
+  static_assert(40 + kConsumers * kConsumerRegs <= 512, "registers per scheduler lane");
   static constexpr int kWgmmaN = kWgmmaN_, kHalves = kHalves_, kStages = kStages_;
-  // The consumer warpgroups issue their wgmma batches in turns (named barriers 1 and 2), so one
-  // promotes while the other's batch runs instead of both waiting on the tensor cores together.
+  // The consumer warpgroups issue their wgmma batches in turns (named barriers 1..kConsumers), so
+  // one promotes while another's batch runs instead of all waiting on the tensor cores together.
   static constexpr bool kTakeTurns = kTakeTurns_;
   static constexpr int kBlockN = kWgmmaN * kHalves;
   static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
@@ -218,10 +223,10 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t desc_a, uint64
 #undef TE_WGMMA_ASM
 
 __device__ __forceinline__ void named_sync(int id) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kConsumerThreads) : "memory");
+  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");  // the waiting and the opening warpgroup
 }
 __device__ __forceinline__ void named_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumerThreads) : "memory");
+  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 
 // Keeps the compiler from moving reads of wgmma's registers above the wait for it.
@@ -256,11 +261,12 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 #endif  // TE_SM90A_DEVICE
 
 template <int TypeA, int TypeB, typename Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     block1d_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_b, const Params p) {
 #ifdef TE_SM90A_DEVICE
   constexpr int kStages = Cfg::kStages, kBlockN = Cfg::kBlockN, kWgmmaN = Cfg::kWgmmaN;
+  constexpr int kBlockM = Cfg::kBlockM, kConsumerThreads = Cfg::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~uint32_t{1023};
   const float* scales = reinterpret_cast<const float*>(smem_raw + (base - smem_addr(smem_raw)) +
@@ -311,17 +317,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumer warpgroup g holds rows 64 g .. 64 g + 63 of the tile. In wgmma's accumulator layout
   // register i of a 64 x kWgmmaN block is row 16 w + lane / 4 + 8 ((i / 2) % 2), column
   // 8 (i / 4) + 2 (lane % 4) + i % 2, for warp w of the warpgroup.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
   const int g = warp / 4;
   const int row0 = 64 * g + 16 * (warp % 4) + lane / 4;
   const int col0 = 2 * (lane % 4);
   float part[kWgmmaN / 2];
 #pragma unroll
   for (int i = 0; i < kWgmmaN / 2; ++i) part[i] = 0.0f;
-  // Turns: warpgroup 0 waits on barrier 2 before each batch and then opens barrier 1; warpgroup 1
-  // the other way round, having opened barrier 2 once first.
-  const int my_turn = g == 0 ? 2 : 1, next_turn = g == 0 ? 1 : 2;
-  if (Cfg::kTakeTurns && g == 1) named_arrive(2);
+  // Turns: warpgroup g waits on barrier 1 + g before each batch and then opens the next
+  // warpgroup's; the last one opens warpgroup 0's barrier once first.
+  const int my_turn = 1 + g, next_turn = 1 + (g + 1) % Cfg::kConsumers;
+  if (Cfg::kTakeTurns && g == Cfg::kConsumers - 1) named_arrive(1);
   int it = 0;
   for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
     const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
@@ -329,98 +335,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[kBlockN / 2];
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
-
-    if constexpr (Cfg::kDoubleBuffer) {
-      static_assert(Cfg::kHalves == 1, "double buffering takes one wgmma batch per block");
-      float other[kWgmmaN / 2];
-      auto issue = [&](float(&buf)[kWgmmaN / 2], int at) {
-        const int s = at % kStages;
-        bar_wait(full + 8 * s, (at / kStages) & 1);
-        const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
-        const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const int s = it % kStages;
+      bar_wait(full + 8 * s, (it / kStages) & 1);
+      const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
+      const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
+      const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
+      const float* sb = sa + kBlockM;
+      const float sa0 = sa[row0], sa1 = sa[row0 + 8];
+#pragma unroll
+      for (int h = 0; h < Cfg::kHalves; ++h) {
         if (Cfg::kTakeTurns) named_sync(my_turn);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < kBlockK / 32; ++kk) {
-          wgmma<kWgmmaN, TypeA, TypeB>(buf, tile_desc(a_tile + 32 * kk), tile_desc(b_tile + 32 * kk),
-                                       kk > 0);
+          wgmma<kWgmmaN, TypeA, TypeB>(part, tile_desc(a_tile + 32 * kk),
+                                       tile_desc(b_tile + h * kWgmmaN * kBlockK + 32 * kk), kk > 0);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (Cfg::kTakeTurns) named_arrive(next_turn);
-      };
-      auto promote = [&](float(&buf)[kWgmmaN / 2], int at) {
-        pin(buf);
-        const int s = at % kStages;
-        const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
-        const float* sb = sa + kBlockM;
-        const float sa0 = sa[row0], sa1 = sa[row0 + 8];
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        pin(part);
 #pragma unroll
         for (int c = 0; c < kWgmmaN / 8; ++c) {
-          const float2 sbc = *reinterpret_cast<const float2*>(sb + 8 * c + col0);
-          float* out = acc + 4 * c;
-          out[0] = fmaf(buf[4 * c + 0], sa0 * sbc.x, out[0]);
-          out[1] = fmaf(buf[4 * c + 1], sa0 * sbc.y, out[1]);
-          out[2] = fmaf(buf[4 * c + 2], sa1 * sbc.x, out[2]);
-          out[3] = fmaf(buf[4 * c + 3], sa1 * sbc.y, out[3]);
-        }
-        __syncwarp();
-        if (lane == 0) bar_arrive(empty + 8 * s);
-      };
-      issue(part, it);
-      for (int kb = 0; kb < k_blocks; kb += 2) {
-        if (kb + 1 < k_blocks) {
-          issue(other, it + kb + 1);
-          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        } else {
-          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        }
-        promote(part, it + kb);
-        if (kb + 1 < k_blocks) {
-          if (kb + 2 < k_blocks) {
-            issue(part, it + kb + 2);
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-          } else {
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-          }
-          promote(other, it + kb + 1);
+          const float2 sbc = *reinterpret_cast<const float2*>(sb + h * kWgmmaN + 8 * c + col0);
+          float* out = acc + h * (kWgmmaN / 2) + 4 * c;
+          out[0] = fmaf(part[4 * c + 0], sa0 * sbc.x, out[0]);
+          out[1] = fmaf(part[4 * c + 1], sa0 * sbc.y, out[1]);
+          out[2] = fmaf(part[4 * c + 2], sa1 * sbc.x, out[2]);
+          out[3] = fmaf(part[4 * c + 3], sa1 * sbc.y, out[3]);
         }
       }
-      it += k_blocks;
-    } else {
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int s = it % kStages;
-        bar_wait(full + 8 * s, (it / kStages) & 1);
-        const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
-        const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
-        const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
-        const float* sb = sa + kBlockM;
-        const float sa0 = sa[row0], sa1 = sa[row0 + 8];
-  #pragma unroll
-        for (int h = 0; h < Cfg::kHalves; ++h) {
-          if (Cfg::kTakeTurns) named_sync(my_turn);
-          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-  #pragma unroll
-          for (int kk = 0; kk < kBlockK / 32; ++kk) {
-            wgmma<kWgmmaN, TypeA, TypeB>(part, tile_desc(a_tile + 32 * kk),
-                                         tile_desc(b_tile + h * kWgmmaN * kBlockK + 32 * kk), kk > 0);
-          }
-          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-          if (Cfg::kTakeTurns) named_arrive(next_turn);
-          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-          pin(part);
-  #pragma unroll
-          for (int c = 0; c < kWgmmaN / 8; ++c) {
-            const float2 sbc = *reinterpret_cast<const float2*>(sb + h * kWgmmaN + 8 * c + col0);
-            float* out = acc + h * (kWgmmaN / 2) + 4 * c;
-            out[0] = fmaf(part[4 * c + 0], sa0 * sbc.x, out[0]);
-            out[1] = fmaf(part[4 * c + 1], sa0 * sbc.y, out[1]);
-            out[2] = fmaf(part[4 * c + 2], sa1 * sbc.x, out[2]);
-            out[3] = fmaf(part[4 * c + 3], sa1 * sbc.y, out[3]);
-          }
-        }
-        __syncwarp();
-        if (lane == 0) bar_arrive(empty + 8 * s);
-      }
+      __syncwarp();
+      if (lane == 0) bar_arrive(empty + 8 * s);
     }
 
 #pragma unroll
@@ -441,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (Cfg::kTakeTurns && g == 0) named_sync(2);  // warpgroup 1's last opening
+  if (Cfg::kTakeTurns && g == 0) named_sync(1);  // the last warpgroup's last opening
 #endif  // TE_SM90A_DEVICE
 }
 
@@ -487,15 +434,15 @@ void launch_typed(const GemmArgs& g, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const int tiles_m = static_cast<int>((g.m + kBlockM - 1) / kBlockM);
+  const int tiles_m = static_cast<int>((g.m + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  const CUtensorMap a = operand_map(g.a.data, g.m, g.k, kBlockM);
+  const CUtensorMap a = operand_map(g.a.data, g.m, g.k, Cfg::kBlockM);
   const CUtensorMap b = operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
   const Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
                  g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
                  tiles_m * tiles_n};
   const int grid = p.tiles < multiprocessors() ? p.tiles : multiprocessors();
-  block1d_gemm_kernel<TypeA, TypeB, Cfg><<<grid, kThreads, Cfg::kSmemBytes, stream>>>(a, b, p);
+  block1d_gemm_kernel<TypeA, TypeB, Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, b, p);
   check_launch("te_gemm block1d_gemm_kernel (sm_90a)");
 }
 
@@ -517,8 +464,8 @@ using Wide = Tile<128, 2, 4, false>;    // 128 x 256 tiles, two wgmma halves
 using Narrow = Tile<192, 1, 5, false>;  // 128 x 192 tiles, one wgmma
 using WideTurns = Tile<128, 2, 4, true>;
 using NarrowTurns = Tile<192, 1, 5, true>;
-using Square = Tile<128, 1, 6, false, true>;  // 128 x 128 tiles, double-buffered accumulator
-using SquareTurns = Tile<128, 1, 6, true, true>;
+using Tall = Tile<128, 1, 5, false, 3>;  // 192 x 128 tiles, three consumer warpgroups
+using TallTurns = Tile<128, 1, 5, true, 3>;
 
 }  // namespace probe
 }  // namespace cuda
@@ -547,8 +494,8 @@ void check(cudaError_t e, const char* what) {
 
 // ---- the variants ------------------------------------------------------------------------------
 
-const char* const kVariants[] = {"wide",       "wide-per-tile", "narrow",          "wide-turns",
-                                 "narrow-turns", "square-db",   "square-db-turns"};
+const char* const kVariants[] = {"wide",         "wide-per-tile", "narrow", "wide-turns",
+                                 "narrow-turns", "tall",          "tall-turns"};
 constexpr int kVariantCount = 7;
 
 // E4M3 x E4M3 through variant v; other formats through the wide kernel.
@@ -560,15 +507,15 @@ void launch_variant(const GemmArgs& g, bool persistent) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) ==
       cudaSuccess;
   (void)configured;
-  const int tiles_m = static_cast<int>((g.m + pr::kBlockM - 1) / pr::kBlockM);
+  const int tiles_m = static_cast<int>((g.m + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  const CUtensorMap a = pr::operand_map(g.a.data, g.m, g.k, pr::kBlockM);
+  const CUtensorMap a = pr::operand_map(g.a.data, g.m, g.k, Cfg::kBlockM);
   const CUtensorMap b = pr::operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
   const pr::Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
                      g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
                      tiles_m * tiles_n};
   const int grid = persistent ? std::min(p.tiles, pr::multiprocessors()) : p.tiles;
-  kernel<<<grid, pr::kThreads, Cfg::kSmemBytes>>>(a, b, p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(a, b, p);
 }
 
 void run_variant(const GemmArgs& g, int v) {
@@ -582,8 +529,8 @@ void run_variant(const GemmArgs& g, int v) {
     case 2: launch_variant<pr::Narrow>(g, true); break;
     case 3: launch_variant<pr::WideTurns>(g, true); break;
     case 4: launch_variant<pr::NarrowTurns>(g, true); break;
-    case 5: launch_variant<pr::Square>(g, true); break;
-    default: launch_variant<pr::SquareTurns>(g, true); break;
+    case 5: launch_variant<pr::Tall>(g, true); break;
+    default: launch_variant<pr::TallTurns>(g, true); break;
   }
 }
 
@@ -900,5 +847,6 @@ int main(int argc, char** argv) {
   }
   for (int v : {3, 5, 6}) time_variant(16384, 4096, 16384, TE_DTYPE_FLOAT32, 1.0f, iters, rounds, v);
   for (int v : {3, 5, 6}) time_variant(4096, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
+  for (int v : {3, 5, 6}) time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
   return fails;
 }
