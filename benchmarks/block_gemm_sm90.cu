@@ -54,8 +54,13 @@ int multiprocessors() {
 
 constexpr int kBlockK = 128;
 
-template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2>
+template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2,
+          bool kPermutedScales_ = false>
 struct Tile {
+  // Column scales written into shared memory by a warp of the producer warpgroup, permuted so a
+  // consumer thread reads the four it needs for two column groups as one float4 (half the shared
+  // loads of reading them in place, two per float2); else bulk-copied in place.
+  static constexpr bool kPermutedScales = kPermutedScales_;
   // Consumer warpgroups of 64 rows each (2 or 3), and the registers setmaxnreg gives each of
   // their threads: a scheduler holds one producer warp (40) and one warp of each consumer.
   static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers;
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bar_init(full + 8 * s, 1);
+      bar_init(full + 8 * s, Cfg::kPermutedScales ? 33 : 1);  // + the scale warp's 32 lanes
       bar_init(empty + 8 * s, kConsumerThreads / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -286,6 +291,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warp >= kConsumerThreads / 32) {  // the producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (Cfg::kPermutedScales && warp == kConsumerThreads / 32 + 1) {
+      // The scale warp: row scales in place, column j = 8 c + 2 q + e at q (kBlockN / 4) + 2 c + e
+      // (q = the consumer thread's lane % 4). Entries past the table's leading dimension are 0:
+      // they feed rows and columns that are never stored.
+      int it = 0;
+      for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+        const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
+        const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) bar_wait(empty + 8 * s, ((it / kStages) + 1) & 1);
+          float* sa = const_cast<float*>(scales) + s * (Cfg::kScaleStageBytes / 4);
+          float* sb = sa + kBlockM;
+          const float* ga = p.a_scale + kb * p.a_scale_ld;
+          const float* gb = p.b_scale + kb * p.b_scale_ld;
+          for (int i = lane; i < kBlockM; i += 32) sa[i] = m0 + i < p.a_scale_ld ? ga[m0 + i] : 0.0f;
+          for (int j = lane; j < kBlockN; j += 32) {
+            const int c = j / 8, q = (j % 8) / 2, e = j % 2;
+            sb[q * (kBlockN / 4) + 2 * c + e] = n0 + j < p.b_scale_ld ? gb[n0 + j] : 0.0f;
+          }
+          bar_arrive(full + 8 * s);  // release: this lane's stores are seen by the waiters
+        }
+      }
+      return;
+    }
     if (warp != kConsumerThreads / 32 || lane != 0) return;
     int it = 0;  // K slices issued so far, over all of this CTA's tiles
     for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
@@ -302,13 +332,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int s = it % kStages;
         if (it >= kStages) bar_wait(empty + 8 * s, ((it / kStages) + 1) & 1);
         const uint32_t bar = full + 8 * s;
-        bar_expect_tx(bar, Cfg::kStageBytes + a_bytes + b_bytes);
+        bar_expect_tx(bar, Cfg::kStageBytes + (Cfg::kPermutedScales ? 0 : a_bytes + b_bytes));
         const uint32_t stage = base + s * Cfg::kStageBytes;
         tma_load(stage, &map_a, bar, kb * kBlockK, static_cast<int32_t>(m0));
         tma_load(stage + Cfg::kABytes, &map_b, bar, kb * kBlockK, static_cast<int32_t>(n0));
-        const uint32_t sc = base + Cfg::kScaleOffset + s * Cfg::kScaleStageBytes;
-        bulk_load(sc, p.a_scale + kb * p.a_scale_ld + m0, a_bytes, bar);
-        bulk_load(sc + kBlockM * 4, p.b_scale + kb * p.b_scale_ld + n0, b_bytes, bar);
+        if (!Cfg::kPermutedScales) {
+          const uint32_t sc = base + Cfg::kScaleOffset + s * Cfg::kScaleStageBytes;
+          bulk_load(sc, p.a_scale + kb * p.a_scale_ld + m0, a_bytes, bar);
+          bulk_load(sc + kBlockM * 4, p.b_scale + kb * p.b_scale_ld + n0, b_bytes, bar);
+        }
       }
     }
     return;
@@ -356,14 +388,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (Cfg::kTakeTurns) named_arrive(next_turn);
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         pin(part);
-#pragma unroll
-        for (int c = 0; c < kWgmmaN / 8; ++c) {
-          const float2 sbc = *reinterpret_cast<const float2*>(sb + h * kWgmmaN + 8 * c + col0);
+        // column group c of this half: columns 8 c + col0 and + 1, scales sbc.x and sbc.y
+        auto promote = [&](int c, float2 sbc) {
           float* out = acc + h * (kWgmmaN / 2) + 4 * c;
           out[0] = fmaf(part[4 * c + 0], sa0 * sbc.x, out[0]);
           out[1] = fmaf(part[4 * c + 1], sa0 * sbc.y, out[1]);
           out[2] = fmaf(part[4 * c + 2], sa1 * sbc.x, out[2]);
           out[3] = fmaf(part[4 * c + 3], sa1 * sbc.y, out[3]);
+        };
+        if constexpr (Cfg::kPermutedScales) {
+          const float* sbq = sb + (lane % 4) * (kBlockN / 4) + 2 * (h * kWgmmaN / 8);
+#pragma unroll
+          for (int c = 0; c < kWgmmaN / 8; c += 2) {
+            const float4 v = *reinterpret_cast<const float4*>(sbq + 2 * c);
+            promote(c, make_float2(v.x, v.y));
+            promote(c + 1, make_float2(v.z, v.w));
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < kWgmmaN / 8; ++c) {
+            promote(c, *reinterpret_cast<const float2*>(sb + h * kWgmmaN + 8 * c + col0));
+          }
         }
       }
       __syncwarp();
@@ -466,6 +511,8 @@ using WideTurns = Tile<128, 2, 4, true>;
 using NarrowTurns = Tile<192, 1, 5, true>;
 using Tall = Tile<128, 1, 5, false, 3>;  // 192 x 128 tiles, three consumer warpgroups
 using TallTurns = Tile<128, 1, 5, true, 3>;
+using WideTurnsPermuted = Tile<128, 2, 4, true, 2, true>;
+using TallTurnsPermuted = Tile<128, 1, 5, true, 3, true>;
 
 }  // namespace probe
 }  // namespace cuda
@@ -494,9 +541,10 @@ void check(cudaError_t e, const char* what) {
 
 // ---- the variants ------------------------------------------------------------------------------
 
-const char* const kVariants[] = {"wide",         "wide-per-tile", "narrow", "wide-turns",
-                                 "narrow-turns", "tall",          "tall-turns"};
-constexpr int kVariantCount = 7;
+const char* const kVariants[] = {"wide",       "wide-per-tile", "narrow",         "wide-turns",
+                                 "narrow-turns", "tall",        "tall-turns",     "wide-turns-perm",
+                                 "tall-turns-perm"};
+constexpr int kVariantCount = 9;
 
 // E4M3 x E4M3 through variant v; other formats through the wide kernel.
 template <typename Cfg>
@@ -530,7 +578,9 @@ void run_variant(const GemmArgs& g, int v) {
     case 3: launch_variant<pr::WideTurns>(g, true); break;
     case 4: launch_variant<pr::NarrowTurns>(g, true); break;
     case 5: launch_variant<pr::Tall>(g, true); break;
-    default: launch_variant<pr::TallTurns>(g, true); break;
+    case 6: launch_variant<pr::TallTurns>(g, true); break;
+    case 7: launch_variant<pr::WideTurnsPermuted>(g, true); break;
+    default: launch_variant<pr::TallTurnsPermuted>(g, true); break;
   }
 }
 
@@ -842,11 +892,11 @@ int main(int argc, char** argv) {
   fails += check_variant(300, 521, 1040, false, false, TE_DTYPE_BFLOAT16, 2.0f, 1.0f, 0);
   fails += check_variant(2000, 1000, 4096, true, true, TE_DTYPE_FLOAT32, 1.0f, 0.0f, 0);
   std::printf("failures: %d\n", fails);
-  for (int v : {0, 3, 5, 6}) {
+  for (int v : {0, 3, 5, 6, 7, 8}) {
     time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
   }
-  for (int v : {3, 5, 6}) time_variant(16384, 4096, 16384, TE_DTYPE_FLOAT32, 1.0f, iters, rounds, v);
-  for (int v : {3, 5, 6}) time_variant(4096, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
-  for (int v : {3, 5, 6}) time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
+  for (int v : {3, 6, 8}) time_variant(16384, 4096, 16384, TE_DTYPE_FLOAT32, 1.0f, iters, rounds, v);
+  for (int v : {3, 6, 8}) time_variant(4096, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
+  for (int v : {3, 6, 8}) time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
   return fails;
 }
