@@ -90,8 +90,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """What ci/gpu.sh runs on the H200: GPU tests and benchmarks, results into $TE_GPU_OUT."""
-    session.run("bash", str(ROOT / "ci" / "gpu.sh"), external=True)
+    """What ci/gpu.sh runs on the H200: GPU tests and benchmarks, results into $TE_GPU_OUT.
+    ``nox -s gpu -- tests [FILE...]`` (or ``bench``, ``cpu``) runs one part of it."""
+    session.run("bash", str(ROOT / "ci" / "gpu.sh"), *session.posargs, external=True)
 
 
 @nox.session

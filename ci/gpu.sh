@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# Everything te does on the GPU test machine, in one run: build te-core for the local GPU with all
-# cores, run the benchmarks and the GPU tests (CUDA kernels against the CPU backend), then the CPU
-# suite there. Logs + JSON go to $TE_GPU_OUT (default $OUT, else /tmp/te-gpu-out); each step has
-# its own time limit (TE_GPU_STEP_SECONDS, default 240) so one slow step cannot eat the others.
+# Everything te does on the GPU test machine: build te-core for the local GPU with all cores, run
+# the benchmarks and the GPU tests (CUDA kernels against the CPU backend), then the CPU suite
+# there. Logs + JSON go to $TE_GPU_OUT (default $OUT, else /tmp/te-gpu-out); each step has its
+# own time limit (TE_GPU_STEP_SECONDS, default 240) so one slow step cannot eat the others.
+#
+#   ci/gpu.sh [all]               all of it (longer than one 10-minute device call)
+#   ci/gpu.sh bench               the benchmarks
+#   ci/gpu.sh tests [FILE...]     the GPU test files (default tests/gpu/test_*.py), TE_GPU_JOBS
+#                                 of them at a time (default 1; the GPU has room for several)
+#   ci/gpu.sh cpu                 the CPU suite, with the GPU hidden
 set -uo pipefail
+part=${1:-all}
+[ $# -gt 0 ] && shift
+case $part in
+  all | bench | tests | cpu) ;;
+  *) echo "usage: ci/gpu.sh [all | bench | tests [FILE...] | cpu]; got '$part'" >&2; exit 2 ;;
+esac
+[ "$part" = tests ] || [ $# -eq 0 ] || { echo "ci/gpu.sh: only 'tests' takes files; got '$*'" >&2; exit 2; }
+parallel=${TE_GPU_JOBS:-1}
+[[ $parallel =~ ^[1-9][0-9]*$ ]] || { echo "ci/gpu.sh: TE_GPU_JOBS must be a positive integer; got '$parallel'" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${TE_GPU_OUT:-${OUT:-/tmp/te-gpu-out}}
 step_seconds=${TE_GPU_STEP_SECONDS:-240}
@@ -32,25 +47,47 @@ step() {  # step NAME COMMAND...: runs with the step time limit, log in $out/NAM
   local name=$1; shift
   timeout "$step_seconds" "$@" > "$out/$name.log" 2>&1
   local rc=$?
+  echo "$rc" > "$out/$name.rc"
   [ $rc -eq 0 ] || status=1
   echo "== $name (exit $rc)"; tail -"${TAIL:-8}" "$out/$name.log"
 }
-# SM clock, power and temperature through the benchmarks (read-only): kernel times move 7-13% with
-# them (benchmarks/NOTES.md), so a result can be read against the clocks it ran at.
-smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 > /dev/null 2>&1 || smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu
-nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 -lms 250 > "$out/smi.csv" 2>&1 &
-smi_pid=$!
-for bench in benchmarks/[!_]*.py; do
-  name=$(basename "$bench" .py)
-  TAIL=30 step "bench_$name" python3 "$bench" --json "$out/$name.json"
-done
-kill "$smi_pid" 2>/dev/null
-for t in tests/gpu/test_*.py; do
-  step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5
-done
-# The CPU suite with the GPU hidden: its tests build modules on the default device and feed them
-# CPU tensors, and with a GPU visible te's modules default to CUDA (the GPU paths are tests/gpu's).
-step_seconds=$(( step_seconds > 600 ? step_seconds : 600 ))  # ~4 min there with 16 cores
-step cpu_suite env CUDA_VISIBLE_DEVICES= python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp tests/benchmarks -p no:cacheprovider
+
+if [ "$part" = all ] || [ "$part" = bench ]; then
+  # SM clock, power and temperature through the benchmarks (read-only): kernel times move 7-13%
+  # with them (benchmarks/NOTES.md), so a result can be read against the clocks it ran at.
+  smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active
+  nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 > /dev/null 2>&1 || smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu
+  nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 -lms 250 > "$out/smi.csv" 2>&1 &
+  smi_pid=$!
+  for bench in benchmarks/[!_]*.py; do
+    name=$(basename "$bench" .py)
+    TAIL=30 step "bench_$name" python3 "$bench" --json "$out/$name.json"
+  done
+  kill "$smi_pid" 2>/dev/null
+fi
+
+if [ "$part" = all ] || [ "$part" = tests ]; then
+  files=("$@")
+  [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_*.py)
+  # Several jax processes on one GPU each take 75% of its memory unless told not to.
+  [ "$parallel" -gt 1 ] && export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  for t in "${files[@]}"; do
+    [ -f "$t" ] || { echo "ci/gpu.sh: no test file '$t'"; status=1; continue; }
+    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+    step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5 &
+  done
+  wait
+  # Steps run in the background set status in their own shell: read their exit codes back.
+  for t in "${files[@]}"; do
+    rc_file="$out/$(basename "$t" .py).rc"
+    [ -f "$rc_file" ] && [ "$(cat "$rc_file")" = 0 ] || status=1
+  done
+fi
+
+if [ "$part" = all ] || [ "$part" = cpu ]; then
+  # The CPU suite with the GPU hidden: its tests build modules on the default device and feed them
+  # CPU tensors, and with a GPU visible te's modules default to CUDA (the GPU paths are tests/gpu's).
+  step_seconds=$(( step_seconds > 600 ? step_seconds : 600 ))  # ~4 min there with 16 cores
+  step cpu_suite env CUDA_VISIBLE_DEVICES= python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp tests/benchmarks -p no:cacheprovider
+fi
 exit $status
