@@ -241,16 +241,24 @@ __device__ __forceinline__ void pin(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// D's two elements (row, col) and (row, col + 1) as floats; the second is 0 past N.
 template <typename T>
-__device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t col, float v0,
-                                           float v1) {
-  T* d = static_cast<T*>(p.d) + row * p.n + col;
-  const bool both = col + 1 < p.n;
-  if (p.beta != 0.0f) {
-    v0 += p.beta * static_cast<float>(d[0]);
-    if (both) v1 += p.beta * static_cast<float>(d[1]);
+__device__ __forceinline__ float2 load_pair(const T* d, bool both, bool vector) {
+  if (vector) {
+    if constexpr (sizeof(T) == 4) {
+      return *reinterpret_cast<const float2*>(d);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(d));
+    } else {
+      return __half22float2(*reinterpret_cast<const __half2*>(d));
+    }
   }
-  if (both && p.n % 2 == 0) {
+  return make_float2(static_cast<float>(d[0]), both ? static_cast<float>(d[1]) : 0.0f);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* d, bool both, bool vector, float v0, float v1) {
+  if (vector) {
     if constexpr (sizeof(T) == 4) {
       *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
     } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
@@ -262,6 +270,45 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
   }
   d[0] = static_cast<T>(v0);
   if (both) d[1] = static_cast<T>(v1);
+}
+
+// The tile's D = alpha acc (+ beta D_old). D_old is read for a batch of column groups before any
+// of them is written: read and written one pair at a time, each load would wait for the store
+// before it (the compiler cannot tell they do not overlap), a full memory latency per pair.
+template <typename T, int kGroups>
+__device__ __forceinline__ void store_tile(const Params& p, const float* acc, int64_t m0,
+                                           int64_t n0, int row0, int col0) {
+  constexpr int kBatch = 8;
+  static_assert(kGroups % kBatch == 0, "column groups per batch");
+#pragma unroll
+  for (int c0 = 0; c0 < kGroups; c0 += kBatch) {
+    float2 old[kBatch][2];
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + row0 + 8 * half, col = n0 + 8 * (c0 + c) + col0;
+        old[c][half] = make_float2(0.0f, 0.0f);
+        if (p.beta != 0.0f && row < p.m && col < p.n) {
+          const bool both = col + 1 < p.n;
+          old[c][half] =
+              load_pair(static_cast<const T*>(p.d) + row * p.n + col, both, both && p.n % 2 == 0);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + row0 + 8 * half, col = n0 + 8 * (c0 + c) + col0;
+        if (row >= p.m || col >= p.n) continue;
+        const bool both = col + 1 < p.n;
+        const float* a = acc + 4 * (c0 + c) + 2 * half;
+        store_pair(static_cast<T*>(p.d) + row * p.n + col, both, both && p.n % 2 == 0,
+                   p.alpha * a[0] + p.beta * old[c][half].x, p.alpha * a[1] + p.beta * old[c][half].y);
+      }
+    }
+  }
 }
 #endif  // TE_SM90A_DEVICE
 
@@ -415,22 +462,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (lane == 0) bar_arrive(empty + 8 * s);
     }
 
-#pragma unroll
-    for (int c = 0; c < kBlockN / 8; ++c) {
-      const int64_t col = n0 + 8 * c + col0;
-      if (col >= p.n) continue;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = m0 + row0 + 8 * half;
-        if (row >= p.m) continue;
-        const float v0 = p.alpha * acc[4 * c + 2 * half];
-        const float v1 = p.alpha * acc[4 * c + 2 * half + 1];
-        switch (p.d_dtype) {
-          case TE_DTYPE_FLOAT32: store_pair<float>(p, row, col, v0, v1); break;
-          case TE_DTYPE_BFLOAT16: store_pair<__nv_bfloat16>(p, row, col, v0, v1); break;
-          default: store_pair<__half>(p, row, col, v0, v1); break;
-        }
-      }
+    switch (p.d_dtype) {
+      case TE_DTYPE_FLOAT32: store_tile<float, kBlockN / 8>(p, acc, m0, n0, row0, col0); break;
+      case TE_DTYPE_BFLOAT16:
+        store_tile<__nv_bfloat16, kBlockN / 8>(p, acc, m0, n0, row0, col0);
+        break;
+      default: store_tile<__half, kBlockN / 8>(p, acc, m0, n0, row0, col0); break;
     }
   }
   if (Cfg::kTakeTurns && g == 0) named_sync(1);  // the last warpgroup's last opening
