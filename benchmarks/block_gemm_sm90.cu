@@ -24,7 +24,8 @@
 // reading one accumulator while another batch is in flight makes ptxas serialize every wgmma
 // (C7514), so the tensor cores are kept busy by the other warpgroups' batches instead. Variants
 // (Tile): 128 x 256 in two m64n128 halves ("wide") or 128 x 192 in one m64n192 ("narrow") with two
-// consumers, 192 x 128 with three ("tall"); batches issued in turns (named barriers) or not.
+// consumers, 192 x 128 with three ("tall"); batches issued in turns (named barriers) or not;
+// column scales bulk-copied in place or written permuted by a producer warp ("-perm").
 //
 // Build and run on the GPU machine (cuBLASLt from the nvidia-cublas wheel beside torch):
 //   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
