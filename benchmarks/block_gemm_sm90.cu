@@ -165,30 +165,15 @@ __device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
   "+f"(d[62]), "+f"(d[63])
 
 #define TE_WGMMA_REGS_96 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
-  "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
-  "%87, %88, %89, %90, %91, %92, %93, %94, %95"
+  TE_WGMMA_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 
 #define TE_WGMMA_OPERANDS_96 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
-  "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
-  "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
-  "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
-  "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
-  "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
-  "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), \
-  "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), \
-  "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), \
-  "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
-  "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+  TE_WGMMA_OPERANDS_64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), \
+  "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+  "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), \
+  "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+  "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
 
 
 #define TE_WGMMA_ASM(SHAPE, REGS, OPERANDS, IA, IB, IS, TA, TB)                          \
@@ -508,8 +493,9 @@ CUtensorMap operand_map(const void* data, int64_t rows, int64_t k, uint32_t box_
   return map;
 }
 
+// persistent: one CTA per SM walking the tiles (else one CTA per tile).
 template <int TypeA, int TypeB, typename Cfg>
-void launch_typed(const GemmArgs& g, cudaStream_t stream) {
+void launch_typed(const GemmArgs& g, cudaStream_t stream, bool persistent) {
   static const bool configured = [] {
     check_cuda(cudaFuncSetAttribute(block1d_gemm_kernel<TypeA, TypeB, Cfg>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
@@ -524,22 +510,22 @@ void launch_typed(const GemmArgs& g, cudaStream_t stream) {
   const Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
                  g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
                  tiles_m * tiles_n};
-  const int grid = p.tiles < multiprocessors() ? p.tiles : multiprocessors();
+  const int grid = persistent && multiprocessors() < p.tiles ? multiprocessors() : p.tiles;
   block1d_gemm_kernel<TypeA, TypeB, Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, b, p);
   check_launch("te_gemm block1d_gemm_kernel (sm_90a)");
 }
 
 template <typename Cfg>
-void launch(const GemmArgs& g, cudaStream_t stream) {
+void launch(const GemmArgs& g, cudaStream_t stream, bool persistent = true) {
   const bool a_e4m3 = g.a.dtype == TE_DTYPE_FLOAT8_E4M3, b_e4m3 = g.b.dtype == TE_DTYPE_FLOAT8_E4M3;
   if (a_e4m3 && b_e4m3) {
-    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream);
+    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream, persistent);
   } else if (a_e4m3) {
-    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream);
+    launch_typed<TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream, persistent);
   } else if (b_e4m3) {
-    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream);
+    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E4M3, Cfg>(g, stream, persistent);
   } else {
-    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream);
+    launch_typed<TE_DTYPE_FLOAT8_E5M2, TE_DTYPE_FLOAT8_E5M2, Cfg>(g, stream, persistent);
   }
 }
 
@@ -585,40 +571,22 @@ const char* const kVariants[] = {"wide",       "wide-per-tile", "narrow",       
 constexpr int kVariantCount = 9;
 
 // E4M3 x E4M3 through variant v; other formats through the wide kernel.
-template <typename Cfg>
-void launch_variant(const GemmArgs& g, bool persistent) {
-  constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
-  auto kernel = pr::block1d_gemm_kernel<kE4m3, kE4m3, Cfg>;
-  static const bool configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) ==
-      cudaSuccess;
-  (void)configured;
-  const int tiles_m = static_cast<int>((g.m + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  const CUtensorMap a = pr::operand_map(g.a.data, g.m, g.k, Cfg::kBlockM);
-  const CUtensorMap b = pr::operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
-  const pr::Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
-                     g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
-                     tiles_m * tiles_n};
-  const int grid = persistent ? std::min(p.tiles, pr::multiprocessors()) : p.tiles;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(a, b, p);
-}
-
 void run_variant(const GemmArgs& g, int v) {
-  if (g.a.dtype != TE_DTYPE_FLOAT8_E4M3 || g.b.dtype != TE_DTYPE_FLOAT8_E4M3) {
+  constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
+  if (g.a.dtype != kE4m3 || g.b.dtype != kE4m3) {
     pr::launch<pr::Wide>(g, nullptr);
     return;
   }
   switch (v) {
-    case 0: launch_variant<pr::Wide>(g, true); break;
-    case 1: launch_variant<pr::Wide>(g, false); break;
-    case 2: launch_variant<pr::Narrow>(g, true); break;
-    case 3: launch_variant<pr::WideTurns>(g, true); break;
-    case 4: launch_variant<pr::NarrowTurns>(g, true); break;
-    case 5: launch_variant<pr::Tall>(g, true); break;
-    case 6: launch_variant<pr::TallTurns>(g, true); break;
-    case 7: launch_variant<pr::WideTurnsPermuted>(g, true); break;
-    default: launch_variant<pr::TallTurnsPermuted>(g, true); break;
+    case 0: pr::launch_typed<kE4m3, kE4m3, pr::Wide>(g, nullptr, true); break;
+    case 1: pr::launch_typed<kE4m3, kE4m3, pr::Wide>(g, nullptr, false); break;
+    case 2: pr::launch_typed<kE4m3, kE4m3, pr::Narrow>(g, nullptr, true); break;
+    case 3: pr::launch_typed<kE4m3, kE4m3, pr::WideTurns>(g, nullptr, true); break;
+    case 4: pr::launch_typed<kE4m3, kE4m3, pr::NarrowTurns>(g, nullptr, true); break;
+    case 5: pr::launch_typed<kE4m3, kE4m3, pr::Tall>(g, nullptr, true); break;
+    case 6: pr::launch_typed<kE4m3, kE4m3, pr::TallTurns>(g, nullptr, true); break;
+    case 7: pr::launch_typed<kE4m3, kE4m3, pr::WideTurnsPermuted>(g, nullptr, true); break;
+    default: pr::launch_typed<kE4m3, kE4m3, pr::TallTurnsPermuted>(g, nullptr, true); break;
   }
 }
 

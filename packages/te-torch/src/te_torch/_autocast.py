@@ -17,11 +17,11 @@ training step makes one update call instead of two (each a C call and a launch, 
 of a small layer's host time: benchmarks/NOTES.md). A state is deferred as it registers, with no
 end-of-pass callback (the engine's callback and its bookkeeping were ~8k instructions of a small
 Linear step); each state remembers the pass that registered it and the flush count then, which
-is how a later pass finds it still pending. Where torch.distributed is initialized (the update may all-reduce
-amaxes across ranks) or the pass runs on a CUDA side stream (graph capture and its warmup
-steps), the states wait for the pass's end in an end-of-pass callback instead, which updates
-them there when it must: every rank must reach the collective at the same point, and a captured
-update must be inside the graph.
+is how a later pass finds it still pending. Where torch.distributed is initialized (the update
+may all-reduce amaxes across ranks) or the pass runs on a CUDA side stream (graph capture and its
+warmup steps), the states wait for the pass's end in an end-of-pass callback instead, which
+updates them there when it must: every rank must reach the collective at the same point, and a
+captured update must be inside the graph.
 """
 
 from __future__ import annotations
