@@ -17,7 +17,8 @@ the previous one). Rows are timed in --rounds interleaved rounds (benchmarks/_ro
 H200 runs these at its power cap, so its clocks drift with its recent load; a row's ratio is the
 median of its per-round ratios to torch's row of the same round); each round runs --warmup steps
 of a row, then the median of --iters synced steps (one back-to-back group). ms is the median over
-rounds. --json PATH writes every figure.
+rounds. --json PATH writes every figure; --rows NAME times only the te rows whose name contains
+NAME, beside torch's (e.g. --rows Block for an A/B of one recipe).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ import torch
 from _rounds import cuda_event_ms, interleaved, ratio
 
 SHAPES = [(4096, 4096), (4096, 16384)]
+# Rows --rows can pick (torch's baseline always runs; torchao's only when --rows is not given).
+TE_ROWS = (
+    "te.Linear BF16",
+    "te DelayedScaling",
+    "te Float8CurrentScaling",
+    "te Float8BlockScaling",
+    "te DelayedScaling + CUDA graphs",
+    "te Float8CurrentScaling + CUDA graphs",
+)
 
 
 def fwd_bwd(module, x, dy, recipe=None):
@@ -93,6 +103,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--rows", default=None, help="only rows whose name contains this (torch's always runs)")
     a = p.parse_args()
+    if a.rows is not None and not any(a.rows in name for name in TE_ROWS):
+        p.error(f"--rows: {a.rows!r} is in no row's name; rows: {', '.join(TE_ROWS)}")
     tokens = a.tokens
     if not torch.cuda.is_available():
         print("benchmarks/linear.py needs a CUDA GPU", file=sys.stderr)
