@@ -438,10 +438,11 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
     const std::string mode = scaling_mode_name(a.kernel.scaling_mode);
     dispatch(device, device_name,
              [&] {
-               log_info_once(concat("gemm-mx-cpu ", mode),
-                             concat("te_gemm: ", mode, " operands on the CPU run by block "
-                                    "dequantization to BF16 and an fp32-accumulated product "
-                                    "(the reference numerics; not fast). Logged once."));
+               log_info_once(concat("gemm-mx-cpu ", mode), [&] {
+                 return concat("te_gemm: ", mode, " operands on the CPU run by block "
+                               "dequantization to BF16 and an fp32-accumulated product (the "
+                               "reference numerics; not fast). Logged once.");
+               });
                cpu::gemm(args, stream);
              },
              [&] { cuda::gemm_mx(args, stream); });

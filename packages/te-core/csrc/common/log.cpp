@@ -29,13 +29,17 @@ int32_t env_level() {
 
 }  // namespace
 
-void log_info_once(const std::string& key, const std::string& message) {
+bool log_key_is_new(const std::string& key) {
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return seen.insert(key).second;
+}
+
+void log_info(const std::string& message) {
   te_log_handler handler;
   void* user;
   {
-    static std::set<std::string> seen;
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (!seen.insert(key).second) return;
     handler = g_handler;
     user = g_user;
   }

@@ -542,10 +542,13 @@ void run_with_te_epilogue(const CublasLtApi& lt, cublasLtHandle_t handle, Plan* 
                           cudaStream_t stream) {
   log_info_once(concat("gemm-epilogue ", dtype_name(g.a.dtype), dtype_name(g.d_dtype), g.epilogue,
                        g.bias ? dtype_name(g.bias_dtype) : "", g.n % 8),
-                concat("te_gemm: cuBLASLt ", lt.version, " has no fused kernel for ", describe(g),
-                       "; te computes the fp32 product and applies the epilogue in a separate "
-                       "kernel (same numbers, one more pass over the output). Logged once per "
-                       "kind of GEMM."));
+                [&] {
+                  return concat("te_gemm: cuBLASLt ", lt.version, " has no fused kernel for ",
+                                describe(g),
+                                "; te computes the fp32 product and applies the epilogue in a "
+                                "separate kernel (same numbers, one more pass over the output). "
+                                "Logged once per kind of GEMM.");
+                });
   Scratch product(g.d_dtype != TE_DTYPE_FLOAT32
                       ? static_cast<size_t>(g.m) * static_cast<size_t>(g.n) * sizeof(float)
                       : 0,

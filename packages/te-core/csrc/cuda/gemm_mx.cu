@@ -65,11 +65,12 @@ void gemm_mx(const GemmArgs& g, void* stream_ptr) {
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
              "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
   const std::string mode = scaling_mode_name(g.a.scaling_mode);
-  log_info_once(concat("gemm-mx ", mode, " ", major, ".", minor),
-                concat("te_gemm: ", mode, " operands on compute capability ", major, ".", minor,
-                       " run by block dequantization to BF16 and a BF16 cuBLASLt GEMM: the same "
-                       "numbers as te's CPU reference, but not fast (two extra passes over the "
-                       "operands, BF16 tensor-core rate). Logged once per format and GPU."));
+  log_info_once(concat("gemm-mx ", mode, " ", major, ".", minor), [&] {
+    return concat("te_gemm: ", mode, " operands on compute capability ", major, ".", minor,
+                  " run by block dequantization to BF16 and a BF16 cuBLASLt GEMM: the same "
+                  "numbers as te's CPU reference, but not fast (two extra passes over the "
+                  "operands, BF16 tensor-core rate). Logged once per format and GPU.");
+  });
   const size_t a_bytes = static_cast<size_t>(g.m) * static_cast<size_t>(g.k) * 2;
   const size_t b_bytes = static_cast<size_t>(g.n) * static_cast<size_t>(g.k) * 2;
   Scratch a(a_bytes, stream, "te scratch (te_gemm: BF16 copy of A)");
