@@ -127,7 +127,117 @@ def test_wrong_input_dtype(dtype, name):
 
 def test_unknown_dtype_value():
     out, _ = pt_output()
-    raises(ValueError, re.escape("dtype: expected a te_dtype value 0..9, got 42"), q, tensor(X, 42), out)
+    raises(
+        ValueError, re.escape("input.dtype: expected a te_dtype value 0..9, got 42"), q, tensor(X, 42), out
+    )
+    # the argument is named wherever the bad dtype is, not only on the first tensor checked
+    raises(
+        ValueError,
+        re.escape("te_amax: amax.dtype: expected a te_dtype value 0..9, got -1"),
+        _C.amax,
+        tensor(X),
+        tensor(f32(), -1),
+    )
+
+
+def test_element_count_overflow():
+    """A shape whose product overflows int64 once wrapped to 0 elements: a NULL buffer passed as
+    "empty" and the kernels then walked 2^32 x 2^32 elements (quantize, transpose: SIGSEGV), or
+    te_amax silently wrote 0."""
+    huge = [2**32, 2**32]
+    out = _C.QuantizedTensor(
+        int(M.PER_TENSOR),
+        rowwise_data=_C.Tensor(0, E4M3, huge),
+        rowwise_scale_inv=tensor(f32()),
+        scale=tensor(f32(1.0)),
+    )
+    msg = re.escape(
+        "input.shape: expected a size whose element and byte counts fit in int64, got [4294967296, 4294967296]"
+    )
+    raises(ValueError, "te_quantize: " + msg, q, _C.Tensor(0, int(D.FLOAT32), huge), out)
+    amax = f32(5.0)
+    raises(ValueError, "te_amax: " + msg, _C.amax, _C.Tensor(0, int(D.FLOAT32), huge), tensor(amax))
+    assert amax[0] == 5.0
+    raises(
+        ValueError, "te_transpose: " + msg, _C.transpose, _C.Tensor(0, E4M3, huge), _C.Tensor(0, E4M3, huge)
+    )
+    # elements fit, bytes do not
+    raises(
+        ValueError,
+        re.escape(
+            "input.shape: expected a size whose element and byte counts fit in int64, got [2305843009213693952]"
+        ),
+        _C.amax,
+        _C.Tensor(0, int(D.FLOAT32), [2**61]),
+        tensor(f32()),
+    )
+    raises(
+        ValueError,
+        re.escape("te_quantized_shape: shape: expected an element count that fits in int64, got"),
+        _C.quantized_shape,
+        int(M.BLOCK_1D),
+        int(P.ROWWISE_SCALE_INV),
+        [2**62, 2**62],
+    )
+    # the packed-copy sizes of the fused steps come from the same layout query (they were (4, 4))
+    with pytest.raises(ValueError, match=re.escape("expected an element count that fits in int64")):
+        _C.packed_bytes(int(M.PER_TENSOR), E4M3, (2**62, 2**62))
+    with pytest.raises(ValueError, match=re.escape("expected a size whose byte count fits in int64")):
+        _C.packed_bytes(int(M.PER_TENSOR), int(D.FLOAT32), (2**61,))
+
+
+def test_in_place_is_refused():
+    """Ops whose output overwrites what they still read refuse an overlapping output instead of
+    writing garbage (an in-place te_transpose of [2, 3] gave [0 3 1 1 1 5])."""
+    a = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    overlap = re.escape(
+        "output.data: expected a buffer separate from input's (this op does not work in place)"
+    )
+    raises(
+        ValueError,
+        "te_transpose: " + overlap,
+        _C.transpose,
+        tensor(a, int(D.UINT8)),
+        _C.Tensor(a.ctypes.data, int(D.UINT8), [3, 2]),
+    )
+    assert (a.ravel() == np.arange(6)).all()  # nothing written
+    x = np.ones((4, 8), np.float32)
+    out, keep = pt_output(columnwise_data=_C.Tensor(x.ctypes.data + 4, E4M3, [8, 4]))
+    raises(
+        ValueError,
+        re.escape("te_quantize: output->columnwise_data.data: expected a buffer separate from input's"),
+        q,
+        x,
+        out,
+    )
+    assert (x == 1).all() and (keep["rw"] == DATA_SENTINEL).all()
+    out, _ = pt_output(amax=_C.Tensor(x.ctypes.data + 8, int(D.FLOAT32), [1]))
+    raises(ValueError, re.escape("te_quantize: output->amax.data: expected a buffer separate"), q, x, out)
+    # te_gemm: D written while A is read
+    a32 = np.ones((4, 4), np.float32)
+    A = _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=tensor(a32))
+    B = _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=tensor(np.eye(4, dtype=np.float32)))
+    raises(
+        ValueError,
+        re.escape("te_gemm: d->rowwise_data.data: expected a buffer separate from a->rowwise_data's"),
+        _C.gemm,
+        A,
+        B,
+        A,
+        _C.GemmConfig(beta=1.0),
+    )
+    # buffers side by side are fine
+    both = np.zeros(16, np.uint8)
+    _C.transpose(
+        _C.Tensor(both.ctypes.data, int(D.UINT8), [2, 4]),
+        _C.Tensor(both.ctypes.data + 8, int(D.UINT8), [4, 2]),
+    )
+
+
+@pytest.mark.parametrize("mode", [M.PER_TENSOR, M.BLOCK_1D, M.MXFP8_1D])
+def test_zero_size_dequantize_without_copies(mode):
+    """An empty output needs no copy (the check said so, then failed on the absent copy's NULL)."""
+    _C.dequantize(_C.QuantizedTensor(int(mode)), _C.Tensor(0, int(D.FLOAT32), [0, 32]))
 
 
 def test_wrong_output_dtype():
@@ -723,3 +833,91 @@ def test_last_error_is_per_failure():
     with pytest.raises(ValueError):
         _C.quantized_shape(0, 0, [-2])
     assert _C.last_error() != first and "-2" in _C.last_error()
+
+
+# ---- the fused steps' and flat entry points' argument conversion --------------------------------
+
+
+def test_step_arguments_name_themselves():
+    """Wrong Python types in the fused steps' tuples say which argument, instead of pybind11's
+    "Unable to cast Python instance of type <class 'str'> to C++ type '?'"."""
+    x = np.ones((4, 8), np.float32)
+    w = np.ones((6, 8), np.float32)
+    y = np.zeros((4, 6), np.float32)
+    hp = (2, int(M.PER_TENSOR), tensor(x), None, None, None)
+    hw = (2, int(M.PER_TENSOR), tensor(w), None, None, None)
+    with pytest.raises(TypeError, match=re.escape("config: expected a GemmConfig, got 'cfg'")):
+        _C.linear_fwd(hp, hw, None, tensor(y), "cfg", 0)
+    with pytest.raises(TypeError, match=re.escape("dgrad_config: expected a GemmConfig, got 3")):
+        _C.linear_bwd(hp, None, None, hw, tensor(np.zeros((4, 8), np.float32)), 3, None, None, 0)
+    buf = np.zeros(4096, np.uint8)
+    quant = (int(M.PER_TENSOR), E4M3, "cfg", None, tensor(f32(1.0)))
+    with pytest.raises(TypeError, match=re.escape("x: expected quant[2] a QuantConfig or None, got 'cfg'")):
+        _C.linear_fwd((0, tensor(x), quant, buf.ctypes.data, 0), hw, None, tensor(y), _C.GemmConfig(), 0)
+    # a bad mode or dtype of packed copies names the operand
+    for mode, dtype, what in [
+        (9, E4M3, "scaling_mode: expected a te_scaling_mode value 0..4, got 9"),
+        (0, 99, "dtype: expected a te_dtype value 0..9, got 99"),
+    ]:
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"w: packed copies (mode {mode}, fp8 dtype {dtype}): ") + ".*" + re.escape(what),
+        ):
+            _C.linear_fwd(
+                hp, (1, mode, dtype, (6, 8), -1, buf.ctypes.data, 0), None, tensor(y), _C.GemmConfig(), 0
+            )
+    # an int32 field given a wider int was truncated (mode 2**32 + 1 read as 1)
+    with pytest.raises(ValueError, match=re.escape("w[1]: expected an int32 value, got 4294967297")):
+        _C.linear_fwd(
+            hp, (1, 2**32 + 1, E4M3, (6, 8), -1, buf.ctypes.data, 0), None, tensor(y), _C.GemmConfig(), 0
+        )
+
+
+def test_norm_tuple_with_failing_bool():
+    """The norm tuple's rms flag whose truth test raises surfaces that error (it was left pending
+    and surfaced as a wrong TypeError at the next int conversion)."""
+
+    class Bad:
+        def __bool__(self):
+            raise RuntimeError("no truth value")
+
+    with pytest.raises(RuntimeError, match="no truth value"):
+        _C.layernorm_linear_bwd(
+            (2, 0, None, None, None, None),
+            None,
+            None,
+            (2, 0, None, None, None, None),
+            (16, int(D.FLOAT32), (4, 4), -1),
+            _C.GemmConfig(),
+            None,
+            None,
+            (Bad(), None, None, None, None, None, None, None, _C.NormConfig()),
+            0,
+        )
+
+
+@pytest.mark.parametrize("field,value", [(1, 2**32), (3, 2**32), (3, 2**32 + 5)])
+def test_spec_int32_fields_out_of_range(field, value):
+    """A spec's dtype or device wider than int32 was truncated: dtype 2**32 ran as float32,
+    device 2**32 as cuda:0."""
+    x = np.ones((1, 4), np.float32)
+    spec = [x.ctypes.data, int(D.FLOAT32), (1, 4), -1]
+    spec[field] = value
+    with pytest.raises(
+        ValueError, match=re.escape("x: expected dtype and device to fit in int32 (device -1: the CPU), got")
+    ):
+        _C.norm_fwd_flat(
+            False,
+            tuple(spec),
+            tensor(np.ones(4, np.float32)),
+            None,
+            0,
+            tensor(np.zeros((1, 4), np.float32)),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )

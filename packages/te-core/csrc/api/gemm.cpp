@@ -333,6 +333,9 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
                TE_DTYPE_FLOAT8_E5M2});
   check_same_device(d, "d->rowwise_data", device, device_name);
   check_matrix(d, "d->rowwise_data", m, n, "[M, N]");
+  // D is written while A and B are read (cuBLASLt does not support D aliasing an operand).
+  check_no_overlap(*a.data, a.data_name, d, "d->rowwise_data");
+  check_no_overlap(*b.data, b.data_name, d, "d->rowwise_data");
   TE_CHECK_ARG(!present(d_desc->columnwise_data),
                "d->columnwise_data: expected NULL (te_gemm writes only the row-wise output), got "
                "a buffer");

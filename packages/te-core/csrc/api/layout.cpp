@@ -59,6 +59,9 @@ te_status te_quantized_shape(int32_t scaling_mode, int32_t part, const int64_t* 
       TE_CHECK_ARG(shape[i] >= 0, "shape: expected non-negative sizes, got ",
                    te::shape_string(shape, ndim));
     }
+    int64_t n = 0;
+    TE_CHECK_ARG(te::checked_numel(shape, ndim, &n), "shape: expected an element count that fits "
+                 "in int64, got ", te::shape_string(shape, ndim));
     const std::vector<int64_t> result = te::quantized_shape(scaling_mode, part, shape, ndim);
     for (size_t i = 0; i < result.size(); ++i) out_shape[i] = result[i];
     *out_ndim = static_cast<int32_t>(result.size());

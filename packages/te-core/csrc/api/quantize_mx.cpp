@@ -189,6 +189,7 @@ void dequantize_mx_tensor(const te_quantized_tensor& input, te_tensor* output, v
   matrix_dims(*output, &rows, &cols);
   TE_CHECK_ARG(present(data) || rows * cols == 0,
                "input: expected rowwise_data or columnwise_data, got neither");
+  if (!present(data)) return;  // a zero-size output: nothing to read or write
   // The output plays the source: its shape decides the expected layout.
   const te_tensor& source = *output;
   check_data(data, data_name, !transposed, source, "output", nvfp4);

@@ -16,6 +16,7 @@ extern "C" te_status te_transpose(const te_tensor* input, te_tensor* output, voi
     int64_t rows, cols;
     te::matrix_dims(*input, &rows, &cols);
     te::check_shape(*output, "output", {cols, rows}, "[K, M] for an [M, K] input");
+    te::check_no_overlap(*input, "input", *output, "output");
     te::dispatch(
         input->device, "input",
         [&] { te::cpu::transpose(input->data, output->data, rows, cols, bits / 8, stream); },

@@ -68,6 +68,20 @@ int64_t numel(const te_tensor& t) {
   return n;
 }
 
+bool checked_numel(const int64_t* shape, int32_t ndim, int64_t* out) {
+  int64_t n = 1;
+  bool overflow = false;
+  for (int32_t i = 0; i < ndim; ++i) {
+    if (shape[i] == 0) {
+      *out = 0;
+      return true;
+    }
+    overflow = overflow || __builtin_mul_overflow(n, shape[i], &n);
+  }
+  *out = n;
+  return !overflow;
+}
+
 void matrix_dims(const te_tensor& t, int64_t* rows, int64_t* cols) {
   *cols = t.ndim == 0 ? 1 : t.shape[t.ndim - 1];
   *rows = 1;
@@ -92,8 +106,13 @@ int32_t dtype_bits(int32_t dtype) {
 
 bool present(const te_tensor& t) {
   // Frameworks give zero-size tensors a NULL pointer; a zeroed descriptor (ndim 0: one element,
-  // no data) is the "absent" one.
-  return t.data != nullptr || (t.ndim > 0 && numel(t) == 0);
+  // no data) is the "absent" one. A 0 in the shape, not numel() == 0: an unchecked shape's
+  // product may overflow.
+  if (t.data != nullptr) return true;
+  for (int32_t i = 0; i < t.ndim && i < TE_MAX_DIMS; ++i) {
+    if (t.shape[i] == 0) return true;
+  }
+  return false;
 }
 
 void check_tensor(const te_tensor* t, const std::string& name) {
@@ -108,7 +127,15 @@ void check_tensor(const te_tensor& t, const std::string& name) {
     TE_CHECK_ARG(t.shape[i] >= 0, name, ".shape: expected non-negative sizes, got ",
                  shape_string(t.shape, t.ndim));
   }
+  TE_CHECK_ARG(t.dtype >= TE_DTYPE_FLOAT32 && t.dtype <= TE_DTYPE_UINT8, name,
+               ".dtype: expected a te_dtype value 0..9, got ", t.dtype);
   const int32_t bits = dtype_bits(t.dtype);
+  // The byte count must fit too: kernels index elements (and bytes) with int64.
+  int64_t n = 0, byte_count = 0;
+  TE_CHECK_ARG(checked_numel(t.shape, t.ndim, &n) &&
+                   !__builtin_mul_overflow(n, static_cast<int64_t>(bits), &byte_count),
+               name, ".shape: expected a size whose element and byte counts fit in int64, got ",
+               shape_string(t.shape, t.ndim));
   TE_CHECK_ARG(t.device.type == TE_DEVICE_CPU || t.device.type == TE_DEVICE_CUDA, name,
                ".device.type: expected TE_DEVICE_CPU (0) or TE_DEVICE_CUDA (1), got ",
                t.device.type);
@@ -159,6 +186,18 @@ void check_same_device(const te_tensor& t, const std::string& name, const te_dev
                device.type == TE_DEVICE_CPU ? std::string() : std::to_string(device.index),
                "), got ", t.device.type == TE_DEVICE_CPU ? "cpu" : "cuda:",
                t.device.type == TE_DEVICE_CPU ? std::string() : std::to_string(t.device.index));
+}
+
+void check_no_overlap(const te_tensor& a, const std::string& a_name, const te_tensor& b,
+                      const std::string& b_name) {
+  const int64_t na = numel(a), nb = numel(b);
+  if (a.data == nullptr || b.data == nullptr || na == 0 || nb == 0) return;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<uintptr_t>(b.data);
+  const uintptr_t a1 = a0 + static_cast<uintptr_t>((na * dtype_bits(a.dtype) + 7) / 8);
+  const uintptr_t b1 = b0 + static_cast<uintptr_t>((nb * dtype_bits(b.dtype) + 7) / 8);
+  TE_CHECK_ARG(a1 <= b0 || b1 <= a0, b_name, ".data: expected a buffer separate from ", a_name,
+               "'s (this op does not work in place), got one that overlaps it");
 }
 
 void check_struct_size(uint32_t struct_size, size_t min_size, const char* name) {

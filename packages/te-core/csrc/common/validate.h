@@ -23,14 +23,18 @@ std::string shape_string(const int64_t* shape, int32_t ndim);
 std::string shape_string(const std::vector<int64_t>& shape);
 
 int64_t numel(const te_tensor& t);
+// The element count of shape[0..ndim) (all sizes >= 0) into *out; false when it overflows int64.
+// Only check_tensor and te_quantized_shape need it: every other count is of a checked tensor.
+bool checked_numel(const int64_t* shape, int32_t ndim, int64_t* out);
 // The matrix view used by every op: cols = last dim (1 for a scalar), rows = numel / cols.
 void matrix_dims(const te_tensor& t, int64_t* rows, int64_t* cols);
 int32_t dtype_bits(int32_t dtype);  // throws for an unknown dtype
 
 bool present(const te_tensor& t);
 
-// A required tensor: descriptor non-null, ndim and shape sane, data non-null unless it holds no
-// elements, data aligned to its element size, device type known.
+// A required tensor: descriptor non-null, ndim and shape sane (sizes >= 0, and the buffer's byte
+// count fits in int64), dtype known, data non-null unless it holds no elements, data aligned to
+// its element size, device type known.
 void check_tensor(const te_tensor* t, const std::string& name);
 void check_tensor(const te_tensor& t, const std::string& name);
 void check_dtype(const te_tensor& t, const std::string& name, std::initializer_list<int32_t> allowed);
@@ -39,6 +43,10 @@ void check_shape(const te_tensor& t, const std::string& name, const std::vector<
 void check_numel(const te_tensor& t, const std::string& name, int64_t expected);
 void check_same_device(const te_tensor& t, const std::string& name, const te_device& device,
                        const std::string& reference_name);
+// Two checked tensors that one call reads and writes must not share a byte (a kernel would read
+// what it has already overwritten). Empty or absent ones never overlap.
+void check_no_overlap(const te_tensor& a, const std::string& a_name, const te_tensor& b,
+                      const std::string& b_name);
 
 // Reads a versioned struct's size field: at least `min_size`, the v1 layout.
 void check_struct_size(uint32_t struct_size, size_t min_size, const char* name);

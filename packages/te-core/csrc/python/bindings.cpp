@@ -135,6 +135,16 @@ int64_t as_int(PyObject* o, const char* arg, py::handle h) {
   return v;
 }
 
+// A dtype or CUDA ordinal: an int32 field of te_tensor, so a wider value would be truncated.
+int32_t as_int32(PyObject* o, const char* arg, py::handle h) {
+  const int64_t v = as_int(o, arg, h);
+  if (v < INT32_MIN || v > INT32_MAX) {
+    throw py::value_error(std::string(arg) + ": expected dtype and device to fit in int32 (device "
+                          "-1: the CPU), got " + std::string(py::repr(h)));
+  }
+  return static_cast<int32_t>(v);
+}
+
 }  // namespace
 
 te_tensor spec(py::handle h, const char* arg) {
@@ -144,9 +154,9 @@ te_tensor spec(py::handle h, const char* arg) {
   if (PyTuple_Check(o)) {
     if (PyTuple_GET_SIZE(o) != 4) bad_spec(arg, h);
     t.data = reinterpret_cast<void*>(as_ptr(PyTuple_GET_ITEM(o, 0), arg, h));
-    t.dtype = static_cast<int32_t>(as_int(PyTuple_GET_ITEM(o, 1), arg, h));
+    t.dtype = as_int32(PyTuple_GET_ITEM(o, 1), arg, h);
     fill_shape(t, PyTuple_GET_ITEM(o, 2), arg);
-    t.device = device_of(as_int(PyTuple_GET_ITEM(o, 3), arg, h));
+    t.device = device_of(as_int32(PyTuple_GET_ITEM(o, 3), arg, h));
     return t;
   }
   if (!py::isinstance<te_tensor>(h)) bad_spec(arg, h);

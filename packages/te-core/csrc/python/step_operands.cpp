@@ -1,6 +1,7 @@
 // The operand parsing and packing of the fused steps (step_operands.h).
 #include "python/step_operands.h"
 
+#include <cstdint>
 #include <string>
 
 namespace py = pybind11;
@@ -18,21 +19,37 @@ int32_t scale_dtype_of(int32_t mode) {
                                        : TE_DTYPE_FLOAT32;
 }
 
+// The shape came through te_quantized_shape, which rejects negative sizes and element counts
+// past int64; the bit count may still overflow.
 size_t bytes_of(const te_tensor& t) {
   int32_t bits = 0;
   check(te_dtype_bits(t.dtype, &bits));
   int64_t n = 1;
   for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return static_cast<size_t>((n * bits + 7) / 8);
+  int64_t total_bits = 0;
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(bits), &total_bits)) {
+    throw py::value_error("te_quantized_shape: shape: expected a size whose byte count fits in "
+                          "int64, got " + std::to_string(n) + " elements of " +
+                          std::to_string(bits) + " bits");
+  }
+  return static_cast<size_t>((total_bits + 7) / 8);
 }
 
-// The quantized tensor whose copies are packed at row / col (0: absent).
+// The quantized tensor whose copies are packed at row / col (0: absent). A bad mode, dtype or
+// shape fails in the layout query; `arg` (the operand) prefixes its message.
 te_quantized_tensor carve(int32_t mode, int32_t fp8_dtype, const te_tensor& src, uintptr_t row,
-                          uintptr_t col) {
+                          uintptr_t col, const char* arg) {
   te_quantized_tensor q = te_quantized_tensor_init(mode);
-  if (row != 0) carve_copy(mode, fp8_dtype, src, true, row, &q.rowwise_data, &q.rowwise_scale_inv);
-  if (col != 0) {
-    carve_copy(mode, fp8_dtype, src, false, col, &q.columnwise_data, &q.columnwise_scale_inv);
+  try {
+    if (row != 0) {
+      carve_copy(mode, fp8_dtype, src, true, row, &q.rowwise_data, &q.rowwise_scale_inv);
+    }
+    if (col != 0) {
+      carve_copy(mode, fp8_dtype, src, false, col, &q.columnwise_data, &q.columnwise_scale_inv);
+    }
+  } catch (const py::value_error& e) {
+    throw py::value_error(std::string(arg) + ": packed copies (mode " + std::to_string(mode) +
+                          ", fp8 dtype " + std::to_string(fp8_dtype) + "): " + e.what());
   }
   return q;
 }
@@ -44,6 +61,16 @@ int64_t item_int(PyObject* t, Py_ssize_t i, const char* arg) {
     throw py::type_error(std::string(arg) + "[" + std::to_string(i) + "]: expected an int");
   }
   return v;
+}
+
+// A mode, dtype or device: int32 fields, so a wider value would be truncated.
+int32_t item_int32(PyObject* t, Py_ssize_t i, const char* arg) {
+  const int64_t v = item_int(t, i, arg);
+  if (v < INT32_MIN || v > INT32_MAX) {
+    throw py::value_error(std::string(arg) + "[" + std::to_string(i) +
+                          "]: expected an int32 value, got " + std::to_string(v));
+  }
+  return static_cast<int32_t>(v);
 }
 
 uintptr_t item_ptr(PyObject* t, Py_ssize_t i, const char* arg) {
@@ -66,11 +93,18 @@ Operand quantized_into(PyObject* qt, const te_tensor& src, uintptr_t row, uintpt
   }
   Operand op;
   op.src = src;
-  const auto mode = static_cast<int32_t>(item_int(qt, 0, arg));
-  const auto fp8 = static_cast<int32_t>(item_int(qt, 1, arg));
+  const int32_t mode = item_int32(qt, 0, arg);
+  const int32_t fp8 = item_int32(qt, 1, arg);
   py::handle cfg = PyTuple_GET_ITEM(qt, 2);
-  if (!cfg.is_none()) op.config = cfg.cast<const te_quant_config*>();
-  op.q = carve(mode, fp8, src, row, col);
+  if (!cfg.is_none()) {
+    try {
+      op.config = cfg.cast<const te_quant_config*>();
+    } catch (const py::cast_error&) {
+      throw py::type_error(std::string(arg) + ": expected quant[2] a QuantConfig or None, got " +
+                           std::string(py::repr(cfg)));
+    }
+  }
+  op.q = carve(mode, fp8, src, row, col, arg);
   op.q.amax = spec(PyTuple_GET_ITEM(qt, 3), "amax");
   op.q.scale = spec(PyTuple_GET_ITEM(qt, 4), "scale");
   op.quantize = true;
@@ -117,12 +151,12 @@ Operand operand(py::handle h, const char* arg) {
   } else if (kind == 1 && n == 7) {
     te_tensor src{};
     fill_shape(src, PyTuple_GET_ITEM(t, 3), arg);
-    src.device = device_of(item_int(t, 4, arg));
-    const auto mode = static_cast<int32_t>(item_int(t, 1, arg));
-    const auto fp8 = static_cast<int32_t>(item_int(t, 2, arg));
-    op.q = carve(mode, fp8, src, item_ptr(t, 5, arg), item_ptr(t, 6, arg));
+    src.device = device_of(item_int32(t, 4, arg));
+    const int32_t mode = item_int32(t, 1, arg);
+    const int32_t fp8 = item_int32(t, 2, arg);
+    op.q = carve(mode, fp8, src, item_ptr(t, 5, arg), item_ptr(t, 6, arg), arg);
   } else if (kind == 2 && n == 6) {
-    op.q = te_quantized_tensor_init(static_cast<int32_t>(item_int(t, 1, arg)));
+    op.q = te_quantized_tensor_init(item_int32(t, 1, arg));
     op.q.rowwise_data = spec(PyTuple_GET_ITEM(t, 2), arg);
     op.q.rowwise_scale_inv = spec(PyTuple_GET_ITEM(t, 3), arg);
     op.q.columnwise_data = spec(PyTuple_GET_ITEM(t, 4), arg);
@@ -188,8 +222,13 @@ te_status gemm(const te_quantized_tensor& a, const te_quantized_tensor& b, const
 }
 
 const te_gemm_config* gemm_config(py::handle h, const char* arg) {
-  if (h.is_none()) throw py::type_error(std::string(arg) + ": expected a GemmConfig, got None");
-  return h.cast<const te_gemm_config*>();
+  // The cast checks the type anyway (a per-call path): its failure becomes a message that
+  // names the argument.
+  try {
+    if (!h.is_none()) return h.cast<const te_gemm_config*>();
+  } catch (const py::cast_error&) {
+  }
+  throw py::type_error(std::string(arg) + ": expected a GemmConfig, got " + std::string(py::repr(h)));
 }
 
 const te_norm_config* norm_config(py::handle h, const char* arg) {
@@ -272,7 +311,9 @@ NormGrads norm_grads(py::handle args, const char* arg) {
                          "dbeta, NormConfig), got " + std::string(py::repr(args)));
   }
   NormGrads n;
-  n.rms = PyObject_IsTrue(PyTuple_GET_ITEM(t, 0)) == 1;
+  const int rms = PyObject_IsTrue(PyTuple_GET_ITEM(t, 0));
+  if (rms < 0) throw py::error_already_set();  // its __bool__ raised
+  n.rms = rms == 1;
   n.x = item_spec(t, 1, arg);
   n.mu = item_spec(t, 2, arg);
   n.rsigma = item_spec(t, 3, arg);
