@@ -280,3 +280,27 @@ def test_next_groups_errors():
     with pytest.raises(ValueError, match=r"groups\[0\]: expected 1 scales"):
         _C.delayed_scaling_next([([tensor(h)], [], None, [tensor(ok_h)], [tensor(ok_s)], 448.0, 0.0, MAX)])
     _C.delayed_scaling_next([])  # no groups: nothing to do
+
+
+def test_prepared_update_refuses_shared_buffers():
+    """DelayedScalingUpdate checks once, when it is made, that no history or scale is listed
+    twice or overlaps another (te_delayed_scaling_check_groups): a history listed twice rolled
+    twice per step ([0, 0, 2, 0] instead of [0, 0, 0, 2]) and a scale inside a history was lost."""
+    h = np.array([2, 0, 0, 0], np.float32)
+    s1, s2 = np.ones(1, np.float32), np.ones(1, np.float32)
+    with pytest.raises(
+        ValueError, match=r"groups\[0\]\.amax_histories\[1\] and groups\[0\]\.amax_histories\[0\]"
+    ):
+        _C.DelayedScalingUpdate([([tensor(h), tensor(h)], [tensor(s1), tensor(s2)], 448.0, 0.0, MAX)])
+    # across groups, a scale that is a history's element
+    with pytest.raises(ValueError, match=r"groups\[1\]\.scales\[0\] and groups\[0\]\.amax_histories\[0\]"):
+        _C.DelayedScalingUpdate(
+            [([tensor(h)], [tensor(s1)], 448.0, 0.0, MAX), ([tensor(s2)], [tensor(h[1:2])], 448.0, 0.0, MAX)]
+        )
+    assert (h == [2, 0, 0, 0]).all()  # nothing ran
+    # side by side in one buffer is fine, and the update runs
+    buf = np.zeros(5, np.float32)
+    buf[0] = 2.0
+    upd = _C.DelayedScalingUpdate([([tensor(buf[:4])], [tensor(buf[4:])], 448.0, 0.0, MAX)])
+    upd()
+    assert buf.tolist() == [0, 0, 0, 2, 224]

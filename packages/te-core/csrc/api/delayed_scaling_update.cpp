@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -179,6 +180,47 @@ extern "C" te_status te_delayed_scaling_update_groups(const te_delayed_scaling_g
     for (int64_t g = 0; g < num_groups; ++g)
       add_group(groups[g], "groups[" + std::to_string(g) + "].", &call, &entries);
     run(entries, call, stream);
+  });
+}
+
+extern "C" te_status te_delayed_scaling_check_groups(const te_delayed_scaling_group* groups,
+                                                     int64_t num_groups) {
+  return te::guard("te_delayed_scaling_check_groups", [&] {
+    TE_CHECK_ARG(num_groups >= 0, "num_groups: expected >= 0, got ", num_groups);
+    if (num_groups == 0) return;
+    TE_CHECK_ARG(groups != nullptr, "groups: expected an array of ", num_groups,
+                 " te_delayed_scaling_group, got NULL");
+    CallDevice call;
+    std::vector<te::DelayedScalingEntry> entries;
+    // (span, group, index, is_scale) of every non-empty history and scale
+    struct Part {
+      Span span;
+      int64_t group, index;
+      bool scale;
+    };
+    std::vector<Part> parts;
+    for (int64_t g = 0; g < num_groups; ++g) {
+      add_group(groups[g], "groups[" + std::to_string(g) + "].", &call, &entries);
+      for (int64_t i = 0; i < groups[g].count; ++i) {
+        if (te::numel(groups[g].scales[i]) == 0) continue;  // N = 0: nothing to update
+        parts.push_back({bytes_of(groups[g].amax_histories[i]), g, i, false});
+        parts.push_back({bytes_of(groups[g].scales[i]), g, i, true});
+      }
+    }
+    std::sort(parts.begin(), parts.end(),
+              [](const Part& a, const Part& b) { return a.span.begin < b.span.begin; });
+    const auto name = [&](const Part& p) {
+      return "groups[" + std::to_string(p.group) + "]." + (p.scale ? "scales[" : "amax_histories[") +
+             std::to_string(p.index) + "]";
+    };
+    // Sorted by start, a part overlaps an earlier one iff it starts before the furthest end so far.
+    size_t furthest = 0;
+    for (size_t k = 1; k < parts.size(); ++k) {
+      TE_CHECK_ARG(!overlap(parts[furthest].span, parts[k].span), name(parts[k]), " and ",
+                   name(parts[furthest]), ": expected separate buffers (the update rolls each "
+                   "history once and writes each scale), got overlapping ones; list a state once");
+      if (parts[k].span.end > parts[furthest].span.end) furthest = k;
+    }
   });
 }
 

@@ -479,6 +479,8 @@ PYBIND11_MODULE(_C, m) {
                                    static_cast<int64_t>(u.histories.back().size()), fp8_max, margin,
                                    algo});
              }
+             check(te_delayed_scaling_check_groups(u.groups.data(),
+                                                   static_cast<int64_t>(u.groups.size())));
              return u;
            }),
            py::arg("groups"))

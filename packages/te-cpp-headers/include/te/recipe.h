@@ -45,6 +45,13 @@ typedef struct te_delayed_scaling_group {
 TE_API te_status te_delayed_scaling_update_groups(const te_delayed_scaling_group* groups,
                                                   int64_t num_groups, void* stream);
 
+/* The checks of te_delayed_scaling_update_groups, without the update, plus one that call leaves
+ * out because it costs a sort per call: no two histories or scales of all the groups share a byte
+ * (a history listed twice would roll twice in one step). For callers that build their groups once
+ * and update every step (te_torch does): call it once, when the groups are made. */
+TE_API te_status te_delayed_scaling_check_groups(const te_delayed_scaling_group* groups,
+                                                 int64_t num_groups);
+
 /* Where te_delayed_scaling_next_groups takes this step's amaxes and puts the next state, for
  * the te_delayed_scaling_group of the same index. */
 typedef struct te_delayed_scaling_next {
