@@ -137,6 +137,29 @@ def test_callables():
     np.testing.assert_allclose(float(steps[1][4]["x_scale"][0]), 448.0 / (2 * 4.0), rtol=1e-7)  # mean(6, 2)
 
 
+def test_callables_and_state_of_the_wrong_kind_are_clear_errors():
+    x, w = jnp.ones((16, 32)), jnp.ones((32, 16))
+
+    def grads(r):
+        state = te_jax.init_recipe_state(r, "dense")
+        return jax.grad(lambda s: jnp.sum(te_jax.dense(x, w, recipe=r, recipe_state=s)))(state)
+
+    r = recipe.DelayedScaling(amax_compute_algo=lambda h: h[:2])
+    with pytest.raises(
+        ValueError, match=r"DelayedScaling.amax_compute_algo: expected the callable to return one"
+    ):
+        grads(r)
+    r = recipe.DelayedScaling(scaling_factor_compute_algo=lambda amax, scale, fp8_max, rec: jnp.ones(3))
+    with pytest.raises(ValueError, match=r"scaling_factor_compute_algo: .*got shape \(3,\)"):
+        grads(r)
+    r = recipe.DelayedScaling()
+    state = {k: np.asarray(v).tolist() for k, v in te_jax.init_recipe_state(r, "dense").items()}
+    with pytest.raises(
+        TypeError, match=r"recipe_state\['x_scale'\]: expected a float32 array of shape \(1,\), got list"
+    ):
+        te_jax.dense(x, w, recipe=r, recipe_state=state)  # was "expected shape (1,), got ()"
+
+
 class _Block(nn.Module):
     @nn.compact
     def __call__(self, x):

@@ -236,9 +236,69 @@ def test_errors():
         ValueError, match="layernorm_type: expected 'layernorm' or 'rmsnorm', got 'batchnorm'"
     ):
         LayerNorm(layernorm_type="batchnorm").init(jax.random.PRNGKey(0), x)
-    with pytest.raises(ValueError, match="activation_type: expected one of"):
+    with pytest.raises(ValueError, match="LayerNormMLP.activations: expected one of"):
         LayerNormMLP(intermediate_dim=8, activations=("tanh",)).init(jax.random.PRNGKey(0), x)
     with pytest.raises(ValueError, match=r"x: expected shape \[\.\.\., 64\]"):
         model = DenseGeneral(8)
         v = model.init(jax.random.PRNGKey(0), x)
         te_jax.dense(x[..., :32], nn.unbox(v["params"])["kernel"])
+
+
+@pytest.mark.parametrize(
+    "model,error,message",
+    [
+        (DenseGeneral(0), ValueError, r"DenseGeneral.features: expected an int >= 1 .*, got 0"),
+        (DenseGeneral(-3), ValueError, r"DenseGeneral.features: expected an int >= 1 .*, got -3"),
+        (DenseGeneral((4, 0)), ValueError, r"DenseGeneral.features: .*got \(4, 0\)"),
+        (DenseGeneral(2.5), ValueError, r"DenseGeneral.features: .*got 2.5"),
+        (DenseGeneral(8, axis=True), ValueError, "axis: expected an int or a tuple of ints"),
+        (
+            DenseGeneral(8, dtype=jnp.int32),
+            TypeError,
+            r"DenseGeneral.dtype \(the parameters'\): expected one",
+        ),
+        (DenseGeneral(8, kernel_axes="ab"), TypeError, "kernel_axes: expected a tuple of logical axis names"),
+        (LayerNorm(dtype=jnp.complex64), TypeError, r"LayerNorm.dtype \(the parameters'\): .*got complex64"),
+        (
+            LayerNorm(scale_axes="embed"),
+            TypeError,
+            r"scale_axes: .*got the string 'embed'; write \('embed',\)",
+        ),
+        (LayerNormDenseGeneral(0), ValueError, "LayerNormDenseGeneral.features: expected an int >= 1"),
+        (LayerNormDenseGeneral(8, depth_scaling="a"), TypeError, "depth_scaling: expected None or a float"),
+        (
+            LayerNormMLP(intermediate_dim=0),
+            ValueError,
+            "LayerNormMLP.intermediate_dim: expected an int >= 1, got 0",
+        ),
+        (
+            LayerNormMLP(intermediate_dim=(8, 8)),
+            ValueError,
+            "LayerNormMLP.intermediate_dim: expected an int >= 1",
+        ),
+        (
+            LayerNormMLP(intermediate_dim=8, activations=()),
+            ValueError,
+            r"LayerNormMLP.activations: .*got \(\)",
+        ),
+        (
+            LayerNormMLP(intermediate_dim=8, activations=None),
+            ValueError,
+            "LayerNormMLP.activations: .*got None",
+        ),
+    ],
+)
+def test_module_argument_errors_name_the_argument(model, error, message):
+    # each was a raw ZeroDivisionError / TypeError / ValueError from flax's initializers or jnp
+    # (or, for a string of axis names, a silent split into one name per character)
+    with pytest.raises(error, match=message):
+        model.init(jax.random.PRNGKey(0), _x())
+
+
+def test_input_shape_errors_name_the_module():
+    with pytest.raises(ValueError, match=r"LayerNorm: expected x of shape \[\.\.\., H\]"):
+        LayerNorm().init(jax.random.PRNGKey(0), jnp.ones(()))  # was an IndexError
+    with pytest.raises(ValueError, match=r"DenseGeneral: expected x's contracted dims \(1,\) to hold"):
+        DenseGeneral(8).init(jax.random.PRNGKey(0), jnp.ones((4, 0)))  # was a ZeroDivisionError
+    with pytest.raises(TypeError, match="kernel: expected a jax array, got NoneType"):
+        te_jax.dense(jnp.ones((4, 32)), None)

@@ -235,7 +235,7 @@ def test_errors():
         mlp(x, g, b, k1, b1, k2[:100], b2, activations=acts)
     with pytest.raises(ValueError, match=r"bias_1: expected shape \(2, 256\)"):
         mlp(x, g, b, k1, b1[0], k2, b2, activations=acts)
-    with pytest.raises(ValueError, match="activation_type: expected one of"):
+    with pytest.raises(ValueError, match="activations: expected one of"):
         mlp(x, g, b, k1, b1, k2, b2, activations=("tanh", "linear"))
     with pytest.raises(TypeError, match="kernel_1.dtype: expected x's dtype float32"):
         mlp(x, g, b, k1.astype(jnp.bfloat16), b1, k2, b2, activations=acts)

@@ -237,6 +237,22 @@ def test_fsdp_weights_are_gathered_for_the_gemm():
         assert rel(a, c) <= TOL
 
 
+def test_mesh_resource_batch_axis_missing_from_the_mesh_is_an_error():
+    # a misspelt dp_resource used to run the op replicated, warning that no MeshResource was set
+    x = jnp.ones((4, 16, 64))
+    for mr in (MeshResource(dp_resource="dp"), MeshResource(dp_resource="data", fsdp_resource="fsdp")):
+        field = "fsdp_resource" if mr.fsdp_resource else "dp_resource"
+        with (
+            jax.set_mesh(_mesh()),
+            te_jax.autocast(enabled=True, recipe=RECIPES["current"], mesh_resource=mr),
+        ):
+            model = te_jax.flax.DenseGeneral(32)
+            with pytest.raises(
+                ValueError, match=rf"MeshResource.{field}: axis '\w+' is not in the mesh's axes"
+            ):
+                model.init(jax.random.PRNGKey(0), x)
+
+
 def test_errors():
     x = jnp.ones((4, 64, 256))
     w = jnp.ones((256, 256))

@@ -36,15 +36,16 @@ _KINDS = {
 _ACCEPTED = ", ".join(repr(k) for k in _KINDS)
 
 
-def activation_kind(activation_type) -> int:
-    """The te_activation of a TE Flax tuple (a bare string means a 1-tuple)."""
+def activation_kind(activation_type, name: str = "activation_type") -> int:
+    """The te_activation of a TE Flax tuple (a bare string means a 1-tuple); ``name``: the
+    argument an error names."""
     key = (activation_type,) if isinstance(activation_type, str) else activation_type
     try:
         key = tuple(key)
-        name = _KINDS[key]
+        kind = _KINDS[key]
     except (TypeError, KeyError):
-        raise ValueError(f"activation_type: expected one of {_ACCEPTED}, got {activation_type!r}") from None
-    return _ops.ACTIVATIONS[name]
+        raise ValueError(f"{name}: expected one of {_ACCEPTED}, got {activation_type!r}") from None
+    return _ops.ACTIVATIONS[kind]
 
 
 def activation(x, activation_type=("gelu",), *, input_spec: P | None = None):
@@ -64,7 +65,7 @@ def activation(x, activation_type=("gelu",), *, input_spec: P | None = None):
     if not isinstance(x, jax.Array):
         try:
             x = jnp.asarray(x)
-        except TypeError:
+        except (TypeError, ValueError):
             raise TypeError(f"x: expected a jax array, got {type(x).__name__}") from None
     _dtypes.as_dtype(x.dtype, "x.dtype", _dtypes.SOURCE)
     if x.ndim < 1:

@@ -55,10 +55,13 @@ def check(state, roles: dict[str, Quantizer], plan: Plan, name: str = "recipe_st
             if key not in state:
                 raise ValueError(f"{name}: missing {key!r} (expected keys {sorted(init(roles, plan))})")
             v = state[key]
-            if tuple(getattr(v, "shape", ())) != shape:
+            if not hasattr(v, "shape") or not hasattr(v, "dtype"):
+                raise TypeError(
+                    f"{name}[{key!r}]: expected a float32 array of shape {shape}, got {type(v).__name__}"
+                )
+            if tuple(v.shape) != shape:
                 raise ValueError(
-                    f"{name}[{key!r}]: expected shape {shape} (amax_history_len={n}), got "
-                    f"{tuple(getattr(v, 'shape', ()))}"
+                    f"{name}[{key!r}]: expected shape {shape} (amax_history_len={n}), got {tuple(v.shape)}"
                 )
             if np.dtype(v.dtype) != _F32:
                 raise TypeError(f"{name}[{key!r}]: expected float32, got {np.dtype(v.dtype).name}")
@@ -98,14 +101,16 @@ def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -
         # first (one device copy per role before the step's first kernel)
         history = jnp.where(jnp.arange(history.shape[0]) == 0, first, history)
         if callable(p.amax_compute_algo):
-            amax = jnp.reshape(jnp.asarray(p.amax_compute_algo(history), _F32), ())
+            amax = _one_value(p.amax_compute_algo(history), "amax_compute_algo", "the amax history")
         elif p.amax_compute_algo == "most_recent":
             amax = history[0]
         else:
             amax = _nan_max(history)
         if p.scaling_factor_compute_algo is not None:
-            new_scale = jnp.reshape(
-                jnp.asarray(p.scaling_factor_compute_algo(amax, scale, q.fp8_max, p.recipe), _F32), (1,)
+            new_scale = _one_value(
+                p.scaling_factor_compute_algo(amax, scale, q.fp8_max, p.recipe),
+                "scaling_factor_compute_algo",
+                "(amax, scale, fp8_max, recipe)",
             )
         else:
             scaled_max = np.float32(np.float32(q.fp8_max) * np.exp2(np.float32(-p.margin)))
@@ -116,6 +121,17 @@ def update(state: dict, amaxes: dict, roles: dict[str, Quantizer], plan: Plan) -
         new[f"{role}_scale"] = jnp.reshape(new_scale, (1,)).astype(_F32)
         new[f"{role}_amax_history"] = jnp.roll(history, -1).at[0].set(0.0)
     return new
+
+
+def _one_value(value, algo: str, args: str):
+    """A DelayedScaling callable's result as an fp32 scalar; it must hold one value."""
+    value = jnp.asarray(value, _F32)
+    if value.size != 1:
+        raise ValueError(
+            f"DelayedScaling.{algo}: expected the callable to return one value (shape () or (1,)) "
+            f"from {args}, got shape {tuple(value.shape)}"
+        )
+    return jnp.reshape(value, ())
 
 
 def _update_fused(state: dict, amaxes: dict, roles: dict[str, Quantizer], p) -> dict:

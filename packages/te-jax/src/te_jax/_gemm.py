@@ -54,7 +54,7 @@ def _array(value, name: str) -> jax.Array:
         return value
     try:
         return jnp.asarray(value)
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a jax array, got {type(value).__name__}") from None
 
 

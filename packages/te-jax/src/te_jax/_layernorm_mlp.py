@@ -126,7 +126,7 @@ def layernorm_mlp(
         (tensor parallel); kernel_2 is split alike on F, bias_1 on F.
     """
     plan = plan_for(recipe)
-    kind = activation_kind(activations)
+    kind = activation_kind(activations, "activations")
     n_act = 1 if isinstance(activations, str) else len(tuple(activations))
     cfg, x, gamma, beta = _check_norm(x, gamma, beta, epsilon, zero_centered_gamma, layernorm_type)
     if not isinstance(return_layernorm_output, bool):

@@ -35,7 +35,7 @@ def _array(value, name):
     if not isinstance(value, jax.Array):
         try:
             value = jnp.asarray(value)
-        except TypeError:
+        except (TypeError, ValueError):
             raise TypeError(f"{name}: expected a jax array, got {type(value).__name__}") from None
     _dtypes.as_dtype(value.dtype, f"{name}.dtype", _dtypes.SOURCE)
     return value

@@ -30,7 +30,10 @@ E2M1 = np.dtype(jnp.float4_e2m1fn)
 
 def _check_source(x, name: str = "x") -> jax.Array:
     if not isinstance(x, jax.Array):
-        x = jnp.asarray(x)
+        try:
+            x = jnp.asarray(x)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: expected a jax array, got {type(x).__name__}") from None
     _dtypes.as_dtype(x.dtype, name, _dtypes.SOURCE)
     return x
 

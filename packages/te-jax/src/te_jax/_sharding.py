@@ -187,12 +187,20 @@ def layout(shapes_and_specs: list[tuple[tuple[int, ...], object, str]]) -> Layou
 
 def default_input_spec(ndim: int, batch_dim: int = 0) -> P | None:
     """Activations' default spec: the batch dim (``batch_dim``) over autocast's MeshResource
-    batch axes present in the current mesh (dp, then fsdp); None without a MeshResource or mesh."""
+    batch axes (dp, then fsdp); None without a MeshResource or mesh. A batch axis the mesh lacks
+    is a ValueError (a misspelt name would otherwise run the op replicated)."""
     resource = get_autocast_state().mesh_resource
     mesh = _context_mesh()
     if resource is None or mesh is None or ndim < 2 or batch_dim >= ndim - 1:
         return None
-    axes = tuple(a for a in resource.batch_axes if a in mesh.axis_names)
+    for field in ("dp_resource", "fsdp_resource"):
+        a = getattr(resource, field)
+        if a is not None and a not in mesh.axis_names:
+            raise ValueError(
+                f"MeshResource.{field}: axis {a!r} is not in the mesh's axes {tuple(mesh.axis_names)} "
+                "(te_jax.autocast's mesh_resource names the axes of the mesh set with jax.set_mesh)"
+            )
+    axes = resource.batch_axes
     if not axes:
         return None
     entries = [None] * ndim

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from te_jax import _sharding
+from te_jax import _dtypes, _sharding
 from te_jax._autocast import get_autocast_state
 from te_jax._quantizer import Plan, plan_for
 
@@ -83,6 +85,7 @@ def _te_rules() -> list[tuple[str, object]]:
 def to_spec(axes: Sequence[str | None] | None, ndim: int, name: str) -> P | None:
     """The PartitionSpec of logical ``axes`` under the user's flax logical axis rules (then
     te_jax's from MeshResource); None without axes or outside a mesh."""
+    check_axes_names(axes, name)
     if not axes:
         return None
     axes = tuple(axes)
@@ -128,6 +131,7 @@ def entries_of(spec: P | None, ndim: int) -> tuple:
 
 def param(module: nn.Module, name: str, init, shape, dtype, axes, axes_name: str):
     """A parameter, annotated with its logical axes (when given) for nn.get_partition_spec."""
+    check_axes_names(axes, axes_name)
     if axes:
         if len(tuple(axes)) != len(shape):
             raise ValueError(
@@ -152,8 +156,12 @@ def stacked_init(init, count: int):
 
 def canonical_axes(axis, ndim: int, name: str = "axis") -> tuple[int, ...]:
     """``axis`` (int or tuple) as sorted non-negative dims, which must be x's trailing dims."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, tuple, list)):
+        raise ValueError(f"{name}: expected an int or a tuple of ints (dims of x), got {axis!r}")
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    if not axes or not all(isinstance(a, int) and -ndim <= a < ndim for a in axes):
+    if not axes or not all(
+        isinstance(a, int) and not isinstance(a, bool) and -ndim <= a < ndim for a in axes
+    ):
         raise ValueError(f"{name}: expected dims of an input with {ndim} dims, got {axis!r}")
     axes = tuple(sorted(a % ndim for a in axes))
     if axes != tuple(range(ndim - len(axes), ndim)):
@@ -165,3 +173,48 @@ def canonical_axes(axis, ndim: int, name: str = "axis") -> tuple[int, ...]:
 
 def default_kernel_init():
     return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def check_axes_names(axes, name: str) -> None:
+    """Logical axis names must come as a tuple: a bare string would be read name by character."""
+    if isinstance(axes, str):
+        raise TypeError(
+            f"{name}: expected a tuple of logical axis names (one per dim), got the string {axes!r}; "
+            f"write ({axes!r},) for one dim"
+        )
+
+
+def check_size(module: nn.Module, name: str, value, allow_tuple: bool = True) -> tuple[int, ...]:
+    """A module's size argument (an int >= 1, or with ``allow_tuple`` a non-empty tuple of
+    them) as a tuple."""
+
+    def is_size(d):
+        return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
+
+    if is_size(value):
+        return (int(value),)
+    is_tuple = isinstance(value, (tuple, list)) and len(value) > 0
+    if not (allow_tuple and is_tuple and all(is_size(d) for d in value)):
+        what = "an int >= 1 or a non-empty tuple of them" if allow_tuple else "an int >= 1"
+        raise ValueError(f"{type(module).__name__}.{name}: expected {what}, got {value!r}")
+    return tuple(int(d) for d in value)
+
+
+def check_param_dtype(module: nn.Module):
+    """A module's ``dtype`` (its parameters'): float32, bfloat16 or float16 after JAX's
+    canonicalization (float64 is float32 unless jax_enable_x64 is set)."""
+    try:
+        dtype = jax.dtypes.canonicalize_dtype(module.dtype)
+    except TypeError:
+        dtype = module.dtype
+    return _dtypes.as_dtype(dtype, f"{type(module).__name__}.dtype (the parameters')", _dtypes.SOURCE)
+
+
+def check_contracted(module: nn.Module, x_shape, axes) -> None:
+    """The contracted dims of x must hold at least one element (K >= 1)."""
+    k = math.prod(x_shape[a] for a in axes)
+    if k < 1:
+        raise ValueError(
+            f"{type(module).__name__}: expected x's contracted dims {tuple(axes)} to hold at least "
+            f"one element (K >= 1), got x of shape {tuple(x_shape)}"
+        )

@@ -10,6 +10,7 @@ autocast's MeshResource) tell the ops how their operands are split over the mesh
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -79,8 +80,10 @@ class DenseGeneral(nn.Module):
     def __call__(self, inputs):
         _not_supported(self, enable_low_rank_adaptation=self.enable_low_rank_adaptation)
         x = jnp.asarray(inputs)
-        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        features = _common.check_size(self, "features", self.features)
+        _common.check_param_dtype(self)
         axes = _common.canonical_axes(self.axis, x.ndim)
+        _common.check_contracted(self, x.shape, axes)
         in_shape = tuple(x.shape[a] for a in axes)
         k, n = math.prod(in_shape), math.prod(features)
         kernel_init = self.kernel_init or _common.default_kernel_init()
@@ -145,6 +148,9 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = jnp.asarray(x)
+        if x.ndim < 1:
+            raise ValueError(f"LayerNorm: expected x of shape [..., H] (H normalized), got {tuple(x.shape)}")
+        _common.check_param_dtype(self)
         scale, bias = _norm_params(
             self, x.shape[-1], self.scale_init, self.bias_init, self.scale_axes, self.bias_axes
         )
@@ -221,8 +227,16 @@ class LayerNormDenseGeneral(nn.Module):
             raise ValueError(
                 f"axis: expected -1 (the normalized dim is the contracted one), got {self.axis!r}"
             )
+        _common.check_contracted(self, x.shape, (x.ndim - 1,))
         h = x.shape[-1]
-        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        features = _common.check_size(self, "features", self.features)
+        _common.check_param_dtype(self)
+        if self.depth_scaling is not None and (
+            isinstance(self.depth_scaling, bool) or not isinstance(self.depth_scaling, numbers.Real)
+        ):
+            raise TypeError(
+                f"LayerNormDenseGeneral.depth_scaling: expected None or a float, got {self.depth_scaling!r}"
+            )
         n = math.prod(features)
         scale = ln_bias = None
         if self.enable_layernorm:

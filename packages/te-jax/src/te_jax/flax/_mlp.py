@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from te_jax import _layernorm_mlp, _sharding
+from te_jax._activation import activation_kind
 from te_jax.flax import _common
 from te_jax.flax._layers import _input_spec, _norm_params, _not_supported
 
@@ -87,8 +88,11 @@ class LayerNormMLP(nn.Module):
             raise ValueError(
                 f"axis: expected -1 (the normalized dim is the contracted one), got {self.axis!r}"
             )
+        activation_kind(self.activations, "LayerNormMLP.activations")
         acts = (self.activations,) if isinstance(self.activations, str) else tuple(self.activations)
-        h, f, a = x.shape[-1], self.intermediate_dim, len(acts)
+        (f,) = _common.check_size(self, "intermediate_dim", self.intermediate_dim, allow_tuple=False)
+        _common.check_param_dtype(self)
+        h, a = x.shape[-1], len(acts)
         scale, ln_bias = _norm_params(
             self, h, self.scale_init, self.ln_bias_init, self.scale_axes, self.ln_bias_axes
         )
