@@ -345,8 +345,8 @@ def test_callable_amax_and_scale_algorithms():
     assert m._fwd_state.amax_history[:, 0].tolist() == [0.0, 7.0]
 
 
-def _train_steps(m, steps, seed):
-    r = recipe.DelayedScaling(amax_history_len=4)
+def _train_steps(m, steps, seed, r=None):
+    r = recipe.DelayedScaling(amax_history_len=4) if r is None else r
     outs = []
     for s in range(steps):
         g = torch.Generator().manual_seed(seed + s)
@@ -383,6 +383,70 @@ def test_state_dict_round_trip_reproduces_next_step_bit_for_bit(tmp_path):
     c = te.Linear(8, 8, device="cpu")
     c.load_state_dict(torch.load(buf, weights_only=True))
     assert c._fwd_state is None
+
+
+@pytest.mark.parametrize("name", ["delayed", "current"])
+def test_whole_module_pickles_after_a_quantized_step(name):
+    """torch.save(module) (and pickle) failed once a module had run quantized: its FP8Context
+    and delayed-scaling state hold te_core._C descriptors. Now the state travels, the context is
+    rebuilt, and the copy's next step is the original's bit for bit."""
+    r = {"delayed": recipe.DelayedScaling, "current": recipe.Float8CurrentScaling}[name]
+    torch.manual_seed(0)
+    a = te.Linear(64, 32, device="cpu")
+    _train_steps(a, 2, seed=10, r=r())
+    buf = io.BytesIO()
+    torch.save(a, buf)
+    buf.seek(0)
+    b = torch.load(buf, weights_only=False)
+    ((ya, dxa, dwa),) = _train_steps(a, 1, seed=20, r=r())
+    ((yb, dxb, dwb),) = _train_steps(b, 1, seed=20, r=r())
+    assert torch.equal(ya, yb) and torch.equal(dxa, dxb) and torch.equal(dwa, dwb)
+
+
+def test_adjust_amax_history_length_checks_length():
+    m = te.Linear(64, 32, device="cpu")
+    _train_steps(m, 1, seed=1)
+    for bad in (0, -3, 4.5, True):
+        with pytest.raises(
+            ValueError, match=rf"Linear.adjust_amax_history_length: length: expected an int >= 1, got {bad}"
+        ):
+            m.adjust_amax_history_length(bad)
+    m.adjust_amax_history_length(8)
+    assert m._fwd_state.amax_history.shape == (8, 3)
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        (
+            "fwd_amax_history",
+            torch.zeros(5, 7),
+            r"\['fwd_amax_history'\]: expected a float tensor "
+            r"\[amax_history_len, 3\], got Tensor torch.float32 \[5, 7\]",
+        ),
+        ("bwd_scale", torch.ones(3), r"\['bwd_scale'\]: expected a float tensor \[2\], got .*\[3\]"),
+        ("fwd_scale", 1.0, r"\['fwd_scale'\]: expected a float tensor \[3\], got 1.0"),
+        ("fwd_scale", torch.zeros(3), r"\['fwd_scale'\]: expected finite scales > 0, got \[0.0, 0.0, 0.0\]"),
+        (
+            "fwd_scale",
+            torch.full((3,), float("nan")),
+            r"\[.fwd_scale.\]: expected finite scales > 0, got \[nan, nan, nan\]",
+        ),
+    ],
+)
+def test_bad_extra_state_is_named_and_loads_nothing(key, value, match):
+    """A wrong-shape _extra_state entry was a broadcasting error from copy_; a zero or NaN scale
+    loaded silently and made the next step's output all NaN."""
+    a = te.Linear(64, 32, device="cpu")
+    _train_steps(a, 1, seed=1)
+    sd = a.state_dict()
+    b = te.Linear(64, 32, device="cpu")
+    _train_steps(b, 1, seed=2)
+    before = b.state_dict()["_extra_state"]
+    with pytest.raises(ValueError, match=f"te.Linear: _extra_state{match}"):
+        b.load_state_dict({**sd, "_extra_state": {**sd["_extra_state"], key: value}})
+    after = b.state_dict()["_extra_state"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # checked before anything is replaced
 
 
 @pytest.mark.skipif(

@@ -328,6 +328,31 @@ def test_out_and_accumulate_errors():
         gemm(x, w, out=torch.empty(8, 13))
 
 
+def test_operand_ranks_are_named():
+    """A weight that is not [N, K] was te_gemm's error about the output d, which the caller never
+    passed; a 0-dim wgrad operand was an IndexError."""
+    x, dy = randn((8, 16), 1), randn((8, 12), 2)
+    with pytest.raises(
+        ValueError, match=r"functional.gemm: w: expected a 2-D weight \[N, K\], got shape \(16,\)"
+    ):
+        gemm(x, randn((16,), 3))
+    with pytest.raises(
+        ValueError, match=r"functional.gemm: w: expected a 2-D weight .*got shape \(2, 12, 16\)"
+    ):
+        gemm(x, randn((2, 12, 16), 3))
+    with pytest.raises(
+        ValueError, match=r"functional.gemm_dgrad: w: expected a 2-D weight .*got shape \(12,\)"
+    ):
+        gemm_dgrad(dy, randn((12,), 3))
+    with pytest.raises(
+        ValueError, match=r"functional.gemm_wgrad: x: expected at least 1 dim .*got shape \(\)"
+    ):
+        gemm_wgrad(dy, torch.tensor(1.0))
+    # a 1-D x is one row, as in F.linear
+    x1, w = randn((16,), 4), randn((12, 16), 5)
+    assert relerr(gemm(x1, w), w @ x1) <= 1e-5
+
+
 def test_requires_grad_is_refused_outside_no_grad():
     x, w = randn((8, 16), 1), randn((12, 16), 2).requires_grad_()
     with pytest.raises(RuntimeError, match="functional.gemm is not differentiable"):

@@ -282,6 +282,12 @@ def test_bad_arguments_say_what_is_expected():
     m = te.LayerNormLinear(64, 32, device="cpu")
     with pytest.raises(ValueError, match=r"in_features=64, got shape \(4, 63\)"):
         m(torch.randn(4, 63))
+    with pytest.raises(ValueError, match=r"LayerNormLinear: inp: .*in_features=64, got shape \(\)"):
+        m(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="LayerNormLinear: inp: expected a torch.Tensor, got NoneType"):
+        m(None)
+    with pytest.raises(TypeError, match="LayerNormLinear: init_method: expected a callable"):
+        te.LayerNormLinear(8, 8, init_method="xavier", device="cpu")
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         with pytest.raises(TypeError, match=r"got torch.float64; cast it"):
             m(torch.randn(4, 64, dtype=torch.float64))

@@ -332,6 +332,8 @@ def test_extra_state_has_one_entry_per_gemm_and_round_trips():
         match=r"_extra_state: unexpected keys \['fc3'\]; expected a dict with one entry per GEMM \['fc1', 'fc2'\]",
     ):
         fresh.set_extra_state({"fc3": {}})
+    with pytest.raises(TypeError, match=r"_extra_state\['fc1'\]: expected a dict of tensors .*got Tensor"):
+        fresh.set_extra_state({"fc1": torch.zeros(3)})
 
 
 @pytest.mark.parametrize("name", ["current", "block"])
@@ -381,6 +383,12 @@ def test_bad_arguments_say_what_is_expected():
         m(torch.randn(4, 32))
     with pytest.raises(TypeError, match=r"inp: expected float32, bfloat16 or float16 .* got torch.float64"):
         m(torch.randn(4, H, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"LayerNormMLP: inp: .*hidden_size=64, got shape \(\)"):
+        m(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="LayerNormMLP: inp: expected a torch.Tensor, got list"):
+        m([0.0] * H)
+    with pytest.raises(TypeError, match="LayerNormMLP: output_layer_init_method: expected a callable"):
+        te.LayerNormMLP(8, 16, output_layer_init_method=0.02, device="cpu")
     with te.autocast(recipe=recipe.NVFP4BlockScaling()):
         with pytest.raises(ValueError, match=r"blocks of 16 .* input's rows .* multiple of 16, got 4"):
             m(torch.randn(4, H))

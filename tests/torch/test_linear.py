@@ -222,6 +222,21 @@ def test_fuse_wgrad_accumulation_outside_autocast_goes_to_main_grad():
     assert rel(m.weight.main_grad, dw) <= 1e-6
 
 
+@pytest.mark.parametrize("name", [None, *RECIPES])
+def test_fuse_wgrad_accumulation_without_a_main_grad_is_named(name):
+    """A missing main_grad was an AttributeError from inside backward, one of another shape
+    torch's broadcasting error or te_gemm's about its output d."""
+    m = te.Linear(64, 32, fuse_wgrad_accumulation=True, device="cpu")
+    x = torch.randn(32, 64)
+    for mg, got in ((None, "got no main_grad"), (torch.zeros(16, 64), r"got main_grad of shape \[16, 64\]")):
+        if mg is not None:
+            m.weight.main_grad = mg
+        with te.autocast(enabled=name is not None, recipe=RECIPES[name]() if name else None):
+            y = m(x)
+        with pytest.raises(ValueError, match=rf"weight.main_grad: .*the weight's shape \[32, 64\] .*{got}"):
+            y.sum().backward()
+
+
 def test_bad_inputs_say_what_to_do():
     m = te.Linear(64, 32, device="cpu")
     with pytest.raises(ValueError, match=r"in_features=64, got shape \(4, 63\); reshape"):
@@ -261,6 +276,31 @@ def test_bad_inputs_say_what_to_do():
         te.Linear(4, 4, params_dtype=torch.float64, device="cpu")
     with pytest.raises(TypeError, match="unexpected keyword argument 'foo'"):
         te.Linear(4, 4, foo=1, device="cpu")
+    # a 0-dim tensor or a non-tensor is named, not an IndexError / AttributeError from inside
+    for r in (None, recipe.Float8CurrentScaling()):
+        with te.autocast(enabled=r is not None, recipe=r):
+            with pytest.raises(ValueError, match=r"in_features=64, got shape \(\); reshape"):
+                m(torch.tensor(1.0))
+            with pytest.raises(TypeError, match="Linear: inp: expected a torch.Tensor, got list"):
+                m([1.0] * 64)
+    with pytest.raises(TypeError, match=r"Linear: init_method: expected a callable\(weight\) or None, got 5"):
+        te.Linear(4, 4, init_method=5, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "split, match",
+    [
+        ({"a": -8, "b": 24}, r"size of 'a': expected an int >= 0, got -8"),
+        ({"a": 8.5, "b": 7.5}, r"size of 'a': expected an int >= 0, got 8.5"),  # was truncated to 8
+        (("q", "q"), r"name 'q': expected distinct names without '\.'"),
+        ({"a": 8, "a_": 8}, r"name 'a_': expected distinct names .*got \['a', 'a_'\]"),
+        ({"a.b": 8, "c": 8}, r"name 'a.b': expected distinct names without '\.'"),
+    ],
+)
+def test_bad_parameters_split_is_named(split, match):
+    for cls in (te.Linear, te.LayerNormLinear):
+        with pytest.raises(ValueError, match=f"{cls.__name__}: parameters_split: {match}"):
+            cls(16, 16, parameters_split=split, device="cpu")
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

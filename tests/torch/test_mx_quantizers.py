@@ -234,6 +234,16 @@ def test_errors_name_the_argument():
     # te-core's own checks come back as ValueError naming the argument
     with pytest.raises(ValueError, match="K .* must be even"):
         te.NVFP4Quantizer()(torch.ones(4, 7))
+    with pytest.raises(
+        ValueError, match="NVFP4Quantizer: tensor: expected at least 1 dim, .*got a 0-dim tensor"
+    ):
+        te.NVFP4Quantizer()(torch.tensor(1.0))  # was an IndexError
+    with pytest.raises(
+        ValueError, match=r"src: expected a tensor of dst's shape \[32, 32\] .*got shape \[16, 32\]"
+    ):
+        te.MXFP8Quantizer(E4M3).update_quantized(
+            torch.ones(16, 32), te.MXFP8Quantizer(E4M3)(torch.ones(32, 32))
+        )
     with pytest.raises(ValueError, match="M .* must be a multiple of 16"):
         te.NVFP4Quantizer(with_rht=True)(torch.ones(8, 32))
     with pytest.raises(TypeError, match="dst: expected a NVFP4Tensor, got MXFP8Tensor"):

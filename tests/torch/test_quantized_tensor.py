@@ -154,6 +154,28 @@ def test_errors_name_the_argument():
         q(torch.ones(2, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="input"):  # te-core's message names its argument
         q(torch.ones(2, 2, dtype=torch.int32))
+    for qz in (q, te.Float8BlockQuantizer(torch.float8_e4m3fn)):
+        name = type(qz).__name__
+        with pytest.raises(TypeError, match=f"{name}: tensor: expected a torch.Tensor, got list"):
+            qz([1.0, 2.0])  # was torch's op-schema error for te::quantize
+        with pytest.raises(
+            ValueError, match=r"src: expected a tensor of dst's shape \[4, 8\] .*got shape \[3, 8\]"
+        ):
+            qz.quantize(torch.ones(3, 8), out=qz(torch.ones(4, 8)))
+    with pytest.raises(ValueError, match="amax_epsilon: expected a number >= 0, got 'x'"):
+        te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn, "cpu", amax_epsilon="x")
+    # reassigning a delayed quantizer's buffers is allowed; a wrong one is named at the next use
+    d = te.Float8Quantizer(torch.ones(1), torch.zeros(1), torch.float8_e4m3fn)
+    d.scale = 2.0
+    with pytest.raises(TypeError, match="scale: expected a torch.Tensor, got float"):
+        d(torch.ones(2, 2))
+    d.scale = torch.ones(1, dtype=torch.float64)
+    with pytest.raises(
+        ValueError, match="scale: expected a contiguous float32 tensor with 1 element, got torch.float64"
+    ):
+        d(torch.ones(2, 2))
+    d.scale = torch.full((1,), 2.0)
+    assert torch.equal(d(torch.ones(2, 2))._scale_inv, torch.full((1,), 0.5))
 
 
 def test_recipe_reexport():

@@ -364,6 +364,16 @@ class GemmState:
         new.fwd, new._bwd = copy.deepcopy(self.fwd, memo), copy.deepcopy(self.bwd, memo)
         return new
 
+    def __getstate__(self) -> dict:
+        """Pickling (``torch.save`` of a whole module), as __deepcopy__: the delayed-scaling
+        buffers; the FP8Context (C descriptors, quantizers) is rebuilt on the next quantized call."""
+        return {"fwd": self.fwd, "bwd": self.bwd, "owner": self.owner, "features": self.features}
+
+    def __setstate__(self, state: dict) -> None:
+        self.ctx = None
+        self.fwd, self._bwd = state["fwd"], state["bwd"]
+        self.owner, self.features = state["owner"], state["features"]
+
     def ctx_for(self, recipe, group, device: torch.device) -> FP8Context:
         """The FP8Context of this call: the current one while the same recipe object, unchanged
         since (its ``_generation``), the same group and device are in use; else ``context()``."""
@@ -444,14 +454,44 @@ class GemmState:
         """Restores ``extra_state()``'s dict (empty: no delayed-scaling state)."""
         self.ctx = None
         _autocast.flush_deferred()  # the replaced state's own update first, as if it had run
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{self.owner}: {what}: expected a dict of tensors with the keys {list(EXTRA_KEYS)} "
+                f"(or an empty dict: no delayed-scaling state), got {type(state).__name__}"
+            )
         if not state:
             self.fwd = self._bwd = None
             return
         missing = [k for k in EXTRA_KEYS if k not in state]
         if missing:
             raise ValueError(f"{self.owner}: {what}: missing {missing}; expected the keys {list(EXTRA_KEYS)}")
+        for pre, n in (("fwd", FWD_ROLES), ("bwd", BWD_ROLES)):  # all checked before any is loaded
+            _check_extra(self.owner, what, f"{pre}_amax_history", state, f"[amax_history_len, {n}]", 2, n)
+            _check_extra(self.owner, what, f"{pre}_scale", state, f"[{n}]", 1, n)
+            scale = state[f"{pre}_scale"]
+            if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
+                raise ValueError(
+                    f"{self.owner}: {what}['{pre}_scale']: expected finite scales > 0, got "
+                    f"{scale.tolist()}; the checkpoint's delayed-scaling state is corrupt (drop "
+                    "_extra_state to start from fresh scales)"
+                )
         self.fwd = DelayedState(state["fwd_amax_history"].shape[0], FWD_ROLES, device)
         self._bwd = DelayedState(state["bwd_amax_history"].shape[0], BWD_ROLES, device)
         for st, pre in ((self.fwd, "fwd"), (self._bwd, "bwd")):
             st.amax_history.copy_(state[f"{pre}_amax_history"])
             st.scale.copy_(state[f"{pre}_scale"])
+
+
+def _check_extra(owner: str, what: str, key: str, state: dict, expected: str, dim: int, n: int) -> None:
+    """GemmState.load: ``state[key]`` must be a float tensor of ``dim`` dims whose last is ``n``
+    (the history length, dim 0 of a 2-D one, is the checkpoint's own)."""
+    t = state[key]
+    if (
+        not isinstance(t, torch.Tensor)
+        or not t.is_floating_point()
+        or t.dim() != dim
+        or t.shape[-1] != n
+        or t.shape[0] < 1
+    ):
+        got = f"{type(t).__name__} {t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
+        raise ValueError(f"{owner}: {what}[{key!r}]: expected a float tensor {expected}, got {got}")

@@ -44,12 +44,28 @@ class MainGradLinear(torch.autograd.Function):
         return dx, None, db
 
 
+def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
+    """``weight.main_grad``, where fuse_wgrad_accumulation puts the weight gradient; a
+    ValueError naming it when it is missing or not of the weight's shape (else an
+    AttributeError or te_gemm's error about its output ``d``)."""
+    mg = getattr(weight, "main_grad", None)
+    if mg is None or mg.shape != weight.shape:
+        got = "no main_grad" if mg is None else f"main_grad of shape {list(mg.shape)}"
+        raise ValueError(
+            f"weight.main_grad: fuse_wgrad_accumulation=True accumulates the weight gradient into "
+            f"it, so it must be a tensor of the weight's shape {list(weight.shape)} (an fp32 "
+            f"buffer you attach, e.g. weight.main_grad = torch.zeros_like(weight, "
+            f"dtype=torch.float32)), got {got}"
+        )
+    return mg
+
+
 def accumulate_main_grad(weight: torch.Tensor, dw: torch.Tensor) -> None:
     """dw into ``weight.main_grad`` (overwritten with ``weight.overwrite_main_grad``)."""
     if getattr(weight, "overwrite_main_grad", False):
-        weight.main_grad.copy_(dw)
+        main_grad_of(weight).copy_(dw)
     else:
-        weight.main_grad.add_(dw)
+        main_grad_of(weight).add_(dw)
     if hasattr(weight, "grad_added_to_main_grad"):
         weight.grad_added_to_main_grad = True
 

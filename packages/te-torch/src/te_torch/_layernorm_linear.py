@@ -27,6 +27,7 @@ from te_torch._module_base import (
     SingleGemmModule,
     bad_input,
     check_eps,
+    check_init_method,
     check_normalization,
     check_params_dtype,
     check_size,
@@ -98,6 +99,7 @@ class LayerNormLinear(SingleGemmModule):
         reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
         check_size(owner, "in_features", in_features)
         check_size(owner, "out_features", out_features)
+        check_init_method(owner, "init_method", init_method)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         params_dtype = check_params_dtype(owner, params_dtype)
@@ -159,7 +161,10 @@ class LayerNormLinear(SingleGemmModule):
             quantizer, as ``te.Linear``'s.
         Outside autocast both flags are ignored, as in TE. See docs/linear.rst.
         """
-        if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
+        try:  # free unless it raises: a 0-dim tensor or a non-tensor fails in shape[-1]
+            if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
+                bad_input("LayerNormLinear", inp, self.in_features)
+        except (AttributeError, IndexError):
             bad_input("LayerNormLinear", inp, self.in_features)
         if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)

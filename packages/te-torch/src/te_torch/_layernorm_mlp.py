@@ -31,6 +31,7 @@ from te_torch._module_base import (
     QuantizedModule,
     bad_input,
     check_eps,
+    check_init_method,
     check_normalization,
     check_params_dtype,
     check_size,
@@ -122,6 +123,8 @@ class LayerNormMLP(QuantizedModule):
         reject_parallel(owner, sequence_parallel, tp_size, tp_group, set_parallel_mode)
         check_size(owner, "hidden_size", hidden_size)
         check_size(owner, "ffn_hidden_size", ffn_hidden_size)
+        check_init_method(owner, "init_method", init_method)
+        check_init_method(owner, "output_layer_init_method", output_layer_init_method)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         self._kind = activation_kind(owner, activation)
@@ -182,7 +185,10 @@ class LayerNormMLP(QuantizedModule):
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
         """The MLP of ``inp`` [..., hidden_size]; quantized inside te.autocast. See the class
         docstring. is_first_microbatch: as ``te.Linear``, for both weights."""
-        if inp.shape[-1] != self.hidden_size or inp.dtype not in FLOAT_DTYPES:
+        try:  # free unless it raises: a 0-dim tensor or a non-tensor fails in shape[-1]
+            if inp.shape[-1] != self.hidden_size or inp.dtype not in FLOAT_DTYPES:
+                bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
+        except (AttributeError, IndexError):
             bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
         ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
         w1, b1, w2, b2 = self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias

@@ -33,6 +33,7 @@ from te_torch._module_base import (
     FLOAT_DTYPES,
     SingleGemmModule,
     bad_input,
+    check_init_method,
     check_params_dtype,
     check_size,
     detached,
@@ -141,6 +142,7 @@ class Linear(SingleGemmModule):
         reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
         check_size(owner, "in_features", in_features)
         check_size(owner, "out_features", out_features)
+        check_init_method(owner, "init_method", init_method)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
         self.in_features, self.out_features = in_features, out_features
@@ -197,7 +199,10 @@ class Linear(SingleGemmModule):
             (DelayedScaling: the grad-input slot), for a preceding te layer to use as it is.
         Outside autocast both flags are ignored, as in TE. See docs/linear.rst.
         """
-        if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
+        try:  # free unless it raises: a 0-dim tensor or a non-tensor fails in shape[-1]
+            if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
+                bad_input("Linear", inp, self.in_features)
+        except (AttributeError, IndexError):
             bad_input("Linear", inp, self.in_features)
         # type() first: isinstance against a Tensor subclass goes through torch's metaclass
         # __instancecheck__ (~0.3 us), too slow to pay on every call for a plain tensor

@@ -33,6 +33,7 @@ from te_core import _C
 from te_torch import _fused, _linear_step
 from te_torch._fp8_io import gemm_quantized, grad_operand, input_operand
 from te_torch._gemm_state import FP8Context
+from te_torch._high_precision import main_grad_of
 from te_torch._linear_step import column_sums, gemm_bias
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._quantizers import Quantizer
@@ -59,7 +60,7 @@ def wgrad(c: FP8Context, gq, xq, weight: torch.Tensor, fuse: bool, w_dtype: torc
     gemm_wgrad(
         gq,
         xq,
-        out=weight.main_grad,
+        out=main_grad_of(weight),
         accumulate=not getattr(weight, "overwrite_main_grad", False),
         use_split_accumulator=c.split[2],
     )
@@ -158,7 +159,7 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
         if ctx.fuse:
             w = ctx.weight
             _gemm(
-                _col(gq), xc, *_WGRAD, shape, torch.float32, w.main_grad,
+                _col(gq), xc, *_WGRAD, shape, torch.float32, main_grad_of(w),
                 not getattr(w, "overwrite_main_grad", False), _DEFAULT_EPILOGUE, None, None,
                 _split(c.split[2]),
             )  # fmt: skip

@@ -28,6 +28,7 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
+from te_torch._high_precision import main_grad_of
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._token_pad import pad_rows, step_source
@@ -203,7 +204,7 @@ def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, dev
         dw = _empty(shape, dtype=dtype, device=device)
         config = gemm_config(True, False, False, _DEFAULT, False, split)
         return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), config
-    main_grad = weight.main_grad
+    main_grad = main_grad_of(weight)
     if main_grad.dtype != torch.float32 or not main_grad.is_contiguous():
         raise ValueError(
             "weight.main_grad: expected a contiguous fp32 tensor (fuse_wgrad_accumulation "

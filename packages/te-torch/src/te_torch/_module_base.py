@@ -10,6 +10,7 @@ delayed-scaling step.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
@@ -83,11 +84,12 @@ def bad_input(owner: str, inp, features: int, what: str = "in_features") -> None
 
 
 def split_sizes(owner: str, split, out_features: int) -> dict[str, int] | None:
-    """TE's parameters_split: a tuple of names (equal parts) or a dict name -> size."""
+    """TE's parameters_split: a tuple of names (equal parts) or a dict name -> size. Each name
+    (trailing ``_`` dropped, as TE) names the parameters ``{name}_weight`` / ``{name}_bias``."""
     if split is None:
         return None
     if isinstance(split, dict):
-        sizes = {str(k): int(v) for k, v in split.items()}
+        items = list(split.items())
     else:
         names = tuple(split)
         if not names or out_features % len(names):
@@ -95,13 +97,32 @@ def split_sizes(owner: str, split, out_features: int) -> dict[str, int] | None:
                 f"{owner}: parameters_split: {len(names)} names do not divide out_features="
                 f"{out_features}; pass a dict name -> size"
             )
-        sizes = dict.fromkeys((str(n).rstrip("_") for n in names), out_features // len(names))
+        items = [(n, out_features // len(names)) for n in names]
+    sizes: dict[str, int] = {}
+    for name, size in items:
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 0:
+            raise ValueError(
+                f"{owner}: parameters_split: size of {name!r}: expected an int >= 0, got {size!r}"
+            )
+        key = str(name).rstrip("_")
+        if key in sizes or "." in key:
+            raise ValueError(
+                f"{owner}: parameters_split: name {name!r}: expected distinct names without '.' "
+                f"(each names the parameters '{{name}}_weight' / '{{name}}_bias', a trailing '_' "
+                f"dropped), got {[n for n, _ in items]}"
+            )
+        sizes[key] = int(size)
     if sum(sizes.values()) != out_features:
         raise ValueError(
             f"{owner}: parameters_split: sizes {list(sizes.values())} sum to "
             f"{sum(sizes.values())}, expected out_features={out_features}"
         )
-    return {k.rstrip("_"): v for k, v in sizes.items()}
+    return sizes
+
+
+def check_init_method(owner: str, arg: str, init_method) -> None:
+    if init_method is not None and not callable(init_method):
+        raise TypeError(f"{owner}: {arg}: expected a callable(weight) or None, got {init_method!r}")
 
 
 def init_weight(w: torch.Tensor, init_method) -> None:
@@ -151,6 +172,11 @@ class QuantizedModule(torch.nn.Module):
 
     def adjust_amax_history_length(self, length: int, fwd: bool | None = None) -> None:
         """Changes the DelayedScaling history length (keeps the newest rows), as TE's."""
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(
+                f"{type(self).__name__}.adjust_amax_history_length: length: expected an int >= 1, "
+                f"got {length!r}"
+            )
         for g in self._gemms.values():
             g.adjust_amax_history_length(length, fwd)
 

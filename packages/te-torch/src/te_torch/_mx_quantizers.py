@@ -21,7 +21,7 @@ from te_torch import _kernels
 from te_torch._dtypes import check_fp8_dtype
 from te_torch._mx_tensor import MXFP8Tensor, NVFP4Tensor, not_traceable
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
-from te_torch._quantizers import Quantizer
+from te_torch._quantizers import Quantizer, expand_source
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
 _NVFP4 = int(_C.ScalingMode.NVFP4_1D)
@@ -66,7 +66,7 @@ class _MXQuantizer(Quantizer):
         if not isinstance(dst, cls):
             raise TypeError(f"dst: expected a {cls.__name__}, got {type(dst).__name__}")
         if src.shape != dst.shape:
-            src = src.expand(dst.shape)
+            src = expand_source(src, dst)
         if src.dtype not in _SOURCE_DTYPES:
             src = src.to(dst.dtype)
         q = self.copy()
@@ -233,6 +233,11 @@ class NVFP4Quantizer(_MXQuantizer):
     def _run(self, x: torch.Tensor) -> tuple:
         """(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax)."""
         x = self._source(x)
+        if not x.shape:
+            raise ValueError(
+                "NVFP4Quantizer: tensor: expected at least 1 dim, the last one even (E2M1 packs "
+                "two elements per byte along it), got a 0-dim tensor"
+            )
         return _kernels.quantize_mx(
             x, _NVFP4, None, self.rowwise_usage, self.columnwise_usage, self._call_config(), self.with_rht
         )

@@ -11,6 +11,8 @@ contiguous if it is not), on the device of the quantizer's buffers.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from te_core import _C
 
@@ -38,21 +40,54 @@ def _check_stat(owner: str, name: str, t: object) -> torch.Tensor:
     return t
 
 
+def _check_eps(amax_epsilon) -> None:
+    if (
+        isinstance(amax_epsilon, bool)
+        or not isinstance(amax_epsilon, numbers.Real)
+        or amax_epsilon < 0
+        or amax_epsilon != amax_epsilon
+    ):
+        raise ValueError(f"amax_epsilon: expected a number >= 0, got {amax_epsilon!r}")
+
+
+def _check_source(q, x) -> None:
+    """A quantization source that is no tensor (eager tensors never reach this check)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{type(q).__name__}: tensor: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def expand_source(src: torch.Tensor, dst: QuantizedTensor) -> torch.Tensor:
+    """``update_quantized``'s ``src`` broadcast to ``dst``'s shape, or a ValueError naming both."""
+    try:
+        return src.expand(dst.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"src: expected a tensor of dst's shape {list(dst.shape)} (or one that broadcasts to "
+            f"it), got shape {list(src.shape)}"
+        ) from None
+
+
 class _CachedDesc:
     """The te_tensor descriptor of a caller-owned buffer, rebuilt only if its storage moved."""
 
-    __slots__ = ("ptr", "desc")
+    __slots__ = ("name", "ptr", "desc")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.ptr = -1
         self.desc = None
 
     def __deepcopy__(self, memo) -> _CachedDesc:
-        return _CachedDesc()  # a copy's buffers live elsewhere: rebuilt on first use
+        return _CachedDesc(self.name)  # a copy's buffers live elsewhere: rebuilt on first use
 
     def get(self, t: torch.Tensor) -> _C.Tensor:
-        ptr = t.data_ptr()
+        try:
+            ptr = t.data_ptr()
+        except AttributeError:
+            ptr = None  # not a tensor: _check_stat below names it
         if ptr != self.ptr:
+            # a new buffer (the caller may reassign quantizer.scale / .amax): checked once here
+            _check_stat("quantizer", self.name, t)
             self.desc, self.ptr = _kernels.desc(t), ptr
         return self.desc
 
@@ -169,8 +204,8 @@ class _PerTensorQuantizer(Quantizer):
         self._config = quant_config(self._compute_scale, bool(pow2), float(eps))
         self._pow2 = bool(pow2)
         self._eps = float(eps)
-        self._scale_desc = _CachedDesc()
-        self._amax_desc = _CachedDesc()
+        self._scale_desc = _CachedDesc("scale")
+        self._amax_desc = _CachedDesc("amax")
 
     @property
     def fp8_dtype(self) -> torch.dtype:
@@ -195,6 +230,7 @@ class _PerTensorQuantizer(Quantizer):
                 True,  # one scale_inv for both copies: only one is kept below
             )
         else:
+            _check_source(self, x)
             rd, rs, cd, cs = torch.ops.te.quantize(
                 x,
                 self.amax,
@@ -275,7 +311,7 @@ class _PerTensorQuantizer(Quantizer):
         if not isinstance(dst, Float8Tensor):
             raise TypeError(f"dst: expected a Float8Tensor, got {type(dst).__name__}")
         if src.shape != dst.shape:
-            src = src.expand(dst.shape)
+            src = expand_source(src, dst)
         if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             src = src.to(dst.dtype)
         saved = self.rowwise_usage, self.columnwise_usage
@@ -374,8 +410,7 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
                 "Float8CurrentScalingQuantizer: with_amax_reduction is not supported yet "
                 "(all-reduce `amax` yourself and pass use_existing_amax=True)"
             )
-        if amax_epsilon < 0 or amax_epsilon != amax_epsilon:
-            raise ValueError(f"amax_epsilon: expected a number >= 0, got {amax_epsilon}")
+        _check_eps(amax_epsilon)
         super().__init__(
             fp8_dtype,
             rowwise=rowwise,
@@ -444,8 +479,7 @@ class Float8BlockQuantizer(Quantizer):
         self.dtype = check_fp8_dtype(fp8_dtype)
         if block_scaling_dim not in (1, 2) or isinstance(block_scaling_dim, bool):
             raise ValueError(f"block_scaling_dim: expected 1 or 2, got {block_scaling_dim!r}")
-        if amax_epsilon < 0 or amax_epsilon != amax_epsilon:
-            raise ValueError(f"amax_epsilon: expected a number >= 0, got {amax_epsilon}")
+        _check_eps(amax_epsilon)
         self.block_scaling_dim = int(block_scaling_dim)
         self.amax_epsilon = float(amax_epsilon)
         self.force_pow_2_scales = bool(force_pow_2_scales)
@@ -472,6 +506,7 @@ class Float8BlockQuantizer(Quantizer):
                 None,
                 out,
             )
+        _check_source(self, x)
         rd, rs, cd, cs = torch.ops.te.quantize(
             x,
             None,
@@ -548,7 +583,7 @@ class Float8BlockQuantizer(Quantizer):
                 f"{2 if dst._is_2D_scaled else 1}D"
             )
         if src.shape != dst.shape:
-            src = src.expand(dst.shape)
+            src = expand_source(src, dst)
         if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             src = src.to(dst.dtype)
         saved = self.rowwise_usage, self.columnwise_usage

@@ -49,6 +49,15 @@ class DelayedState:
         new.pending = None
         return new
 
+    def __getstate__(self) -> dict:
+        """Pickling (``torch.save`` of a whole module): the buffers, not their C descriptors."""
+        return {"amax_history": self.amax_history, "scale": self.scale}
+
+    def __setstate__(self, state: dict) -> None:
+        self.amax_history, self.scale = state["amax_history"], state["scale"]
+        self._descs = None
+        self.pending = None
+
     def amax(self, i: int) -> torch.Tensor:
         """The [1] staging slot of role i (what a Float8Quantizer max-accumulates into)."""
         return self.amax_history[0, i : i + 1]

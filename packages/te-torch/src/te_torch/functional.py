@@ -95,13 +95,16 @@ def gemm(
         raise _not_differentiable("gemm")
     if out_dtype is None:
         out_dtype = x.dtype if out is None else out.dtype
+    w_shape = w.shape
+    if len(w_shape) != 2:
+        raise _bad_shape("gemm", "w", w_shape, "a 2-D weight [N, K]")
     epilogue = _GELU_AUX if gelu else (_DEFAULT if bias is None else _BIAS)
     d, aux, _ = _gemm(
         a,
         b,
         False,
         True,
-        (*x.shape[:-1], w.shape[0]),
+        (*x.shape[:-1], w_shape[0]),
         out_dtype,
         out,
         accumulate,
@@ -135,12 +138,15 @@ def gemm_dgrad(
         raise _not_differentiable("gemm_dgrad")
     if out_dtype is None:
         out_dtype = dy.dtype if out is None else out.dtype
+    w_shape = w.shape
+    if len(w_shape) != 2:
+        raise _bad_shape("gemm_dgrad", "w", w_shape, "a 2-D weight [N, K]")
     d, _, _ = _gemm(
         a,
         b,
         False,
         False,
-        (*dy.shape[:-1], w.shape[-1]),
+        (*dy.shape[:-1], w_shape[1]),
         out_dtype,
         out,
         accumulate,
@@ -175,12 +181,16 @@ def gemm_wgrad(
         raise _not_differentiable("gemm_wgrad")
     if out_dtype is None:
         out_dtype = dy.dtype if out is None else out.dtype
+    dy_shape, x_shape = dy.shape, x.shape
+    if not (dy_shape and x_shape):
+        name, shape = ("x", x_shape) if dy_shape else ("dy", dy_shape)
+        raise _bad_shape("gemm_wgrad", name, shape, "at least 1 dim ([..., N] / [..., K])")
     d, _, db = _gemm(
         a,
         b,
         True,
         False,
-        (dy.shape[-1], x.shape[-1]),
+        (dy_shape[-1], x_shape[-1]),
         out_dtype,
         out,
         accumulate,
@@ -285,6 +295,10 @@ def _gemm(a, b, trans_a, trans_b, out_shape, out_dtype, out, accumulate, epilogu
         aux.view(out_shape) if epilogue == _GELU_AUX else None,
         bias_grad if epilogue == _BGRAD else None,
     )
+
+
+def _bad_shape(fn: str, name: str, shape, expected: str) -> ValueError:
+    return ValueError(f"te_torch.functional.{fn}: {name}: expected {expected}, got shape {tuple(shape)}")
 
 
 def _not_differentiable(fn: str) -> RuntimeError:
