@@ -9,6 +9,7 @@ references in test_linear.py. Also: the packed-buffer sizes, and errors of the _
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import te_torch as te
@@ -229,3 +230,42 @@ def test_empty_batch(recipe_name):
     assert ya.shape == (0, 32) and torch.equal(ya, yb)
     _assert_same(_grads(a, xa), _grads(b, xb))
     assert torch.count_nonzero(a.weight.grad) == 0 and torch.count_nonzero(a.bias.grad) == 0
+
+
+_FUSED_MODULES = {
+    "Linear": lambda: te.Linear(32, 48, device="cpu"),
+    "LayerNormLinear": lambda: te.LayerNormLinear(32, 48, device="cpu"),
+    "LayerNormMLP": lambda: te.LayerNormMLP(32, 64, device="cpu"),
+}
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+@pytest.mark.parametrize("kind", list(_FUSED_MODULES))
+def test_saved_copies_freed_by_backward(kind, recipe_name):
+    """The fused steps keep their saved quantized copies (and LayerNormMLP's FC1 output) in one
+    buffer outside save_for_backward. A backward without retain_graph frees it, as autograd frees
+    saved tensors (it lived until the graph was dropped: in a training loop through the next
+    step's forward), and a second backward then fails as torch's does; with retain_graph=True it
+    stays and a second backward runs (the same gradients, where no delayed-scaling update ran
+    between the two)."""
+    torch.manual_seed(0)
+    m = _FUSED_MODULES[kind]()
+    x = torch.randn(16, 32, requires_grad=True)
+    dy = torch.randn(16, 48 if kind != "LayerNormMLP" else 32)
+    recipe = RECIPES[recipe_name]()
+    with te.autocast(recipe=recipe):
+        y = m(x)
+    node = y.grad_fn
+    assert node.packed and isinstance(node.saved_buf, torch.Tensor)
+    kept = weakref.ref(node.saved_buf)
+    y.backward(dy, retain_graph=True)
+    first = [t.clone() for t in _grads(m, x)]
+    assert kept() is not None  # retained: a second backward reads it
+    for t in (x, *m.parameters()):
+        t.grad = None
+    y.backward(dy)
+    if recipe_name != "delayed":  # delayed: the first pass's update rescales dy's quantization
+        _assert_same(_grads(m, x), first)
+    assert kept() is None  # freed by the backward that did not retain the graph
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(dy)

@@ -30,6 +30,7 @@ from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import norm_config
 from te_torch._kernels import _raw_stream, give_tmp, packed, spec, take_tmp
 from te_torch._linear_step import (
+    check_not_released,
     column_sums,
     dgrad_config,
     fprop_config,
@@ -38,6 +39,7 @@ from te_torch._linear_step import (
     grad_copies,
     mark_main_grad,
     padded_grad,
+    release_saved,
     weight_operands,
     weight_plan,
     wgrad_target,
@@ -164,6 +166,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
 def backward(ctx, dy: torch.Tensor) -> tuple:
     """LayerNormLinearFn.backward, eagerly: (dx, dgamma, dbeta, dw, db, None x 4)."""
     c = ctx.c
+    check_not_released(ctx, c.owner)
     need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]
     need_dln = need_dx or need_dlnw or need_dlnb
     if ctx.pad:
@@ -202,6 +205,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     )  # fmt: skip
     give_tmp(dev, stream, tmp)
     del parts  # alive until here
+    release_saved(ctx)
     if need_dw and ctx.fuse:
         mark_main_grad(ctx.weight)
     return (dx if need_dx else None), (dlnw if need_dlnw else None), dlnb, dw, db, None, None, None, None

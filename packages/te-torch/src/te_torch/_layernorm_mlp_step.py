@@ -41,6 +41,7 @@ from te_torch._layernorm_linear_step import (
     stats_bytes,
 )
 from te_torch._linear_step import (
+    check_not_released,
     column_sums,
     dgrad_config,
     fprop_config,
@@ -48,6 +49,7 @@ from te_torch._linear_step import (
     grad_copies,
     mark_main_grad,
     padded_grad,
+    release_saved,
     weight_operands,
     weight_plan,
     wgrad_target,
@@ -157,6 +159,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
 def backward(ctx, dy: torch.Tensor) -> tuple:
     """LayerNormMLPFn.backward, eagerly: (dx, dgamma, dbeta, dw1, db1, dw2, db2, None x 5)."""
     c1, c2 = ctx.c
+    check_not_released(ctx, c1.owner)
     need_dx, need_dlnw, need_dlnb, need_dw1, need_db1, need_dw2, need_db2 = ctx.needs_input_grad[:7]
     need_dln = need_dx or need_dlnw or need_dlnb
     need_dh = need_dln or need_dw1 or need_db1
@@ -208,6 +211,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     fc2 = (g2, spec(db2), ctx.a_bwd, w2_bwd, da, dgrad_config(c2) if need_dh else None, dw2_spec, wgrad2)
     _bwd(fc2, ctx.kind, ctx.h, fc1, norm, stream)
     give_tmp(dev, stream, tmp)
+    release_saved(ctx)
     if fuse:
         if need_dw1:
             mark_main_grad(w1)

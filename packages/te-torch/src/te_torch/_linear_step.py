@@ -115,6 +115,34 @@ def padded_grad(dy: torch.Tensor, count: int) -> torch.Tensor:
     return pad_rows(dy, count, True)
 
 
+# Whether the running backward pass keeps its graph (retain_graph); True outside a backward.
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+_RELEASED = object()  # ctx.saved_buf of a step whose backward has run without retain_graph
+
+
+def release_saved(ctx) -> None:
+    """Drops a fused step's saved copies once its backward has run, unless the pass keeps the
+    graph. They live in ctx attributes, not in save_for_backward (raw pointers into them travel
+    in the operand tuples), so autograd does not free them after the pass as it frees saved
+    tensors: without this they lived until the graph was dropped, which in a training loop
+    (``loss = model(x); loss.backward()``) is after the next step's forward has run, so that
+    forward's peak held every layer's saved FP8 copies (and LayerNormMLP's FC1 output) twice."""
+    if not _keep_graph():
+        ctx.saved_buf = _RELEASED
+        ctx.keep = None
+
+
+def check_not_released(ctx, owner: str) -> None:
+    """A second backward through a step whose copies release_saved dropped: torch's error for
+    its own saved tensors (the copies' addresses in ctx would point at freed memory)."""
+    if ctx.saved_buf is _RELEASED:
+        raise RuntimeError(
+            f"{owner}: trying to backward through the graph a second time; its saved quantized "
+            "copies were freed by the first backward. Specify retain_graph=True in the first "
+            "backward (or autograd.grad) to backward through the graph again."
+        )
+
+
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
     """LinearFn.forward, eagerly (see the module docstring). With ``ctx`` None it is the module's
     whole forward under torch.no_grad(), called without an autograd Function: it keeps nothing
@@ -229,6 +257,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     """LinearFn.backward, eagerly: (dx, dw, db, None, None, None); a quantized ``dy`` as in
     given_grad."""
     c = ctx.c
+    check_not_released(ctx, c.owner)
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     if ctx.pad:
         dy = padded_grad(dy, ctx.pad)
@@ -263,6 +292,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     if tmp is not None:
         give_tmp(dev, stream, tmp)
     del parts  # alive until here
+    release_saved(ctx)
     if need_dw and ctx.fuse:
         mark_main_grad(ctx.weight)
     return dx, dw, db, None, None, None
