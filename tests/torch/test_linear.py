@@ -329,3 +329,13 @@ def test_compile_fullgraph_matches_eager(name, backend):
         assert torch.equal(xc.grad, xe.grad)
         assert torch.equal(m.weight.grad, ge) and torch.equal(m.bias.grad, gbe)
         m.weight.grad = m.bias.grad = None
+
+
+def test_meta_tensors_are_named_in_the_error():
+    """A meta module and input reach te-core without storage: the error says so (it named only a
+    NULL pointer)."""
+    m = te.Linear(32, 32, device="meta")
+    x = torch.empty(16, 32, device="meta")
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        with pytest.raises(ValueError, match="meta device"):
+            m(x)

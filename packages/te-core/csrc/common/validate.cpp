@@ -142,7 +142,8 @@ void check_tensor(const te_tensor& t, const std::string& name) {
   TE_CHECK_ARG(t.device.type == TE_DEVICE_CPU || t.device.index >= 0, name,
                ".device.index: expected a CUDA ordinal >= 0, got ", t.device.index);
   TE_CHECK_ARG(t.data != nullptr || numel(t) == 0, name, ".data: expected a pointer to ",
-               numel(t), " elements, got NULL");
+               numel(t), " elements, got NULL (a tensor without storage, such as one on "
+               "PyTorch's meta device, has no data for te to read or write)");
   const int64_t align = bits >= 8 ? bits / 8 : 1;
   TE_CHECK_ARG(reinterpret_cast<uintptr_t>(t.data) % align == 0, name,
                ".data: expected an address aligned to ", align, " bytes (", dtype_name(t.dtype),
