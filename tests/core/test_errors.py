@@ -906,6 +906,7 @@ def test_spec_int32_fields_out_of_range(field, value):
     with pytest.raises(
         ValueError, match=re.escape("x: expected dtype and device to fit in int32 (device -1: the CPU), got")
     ):
+        # (rms, x, gamma, beta, out_mode, rd, then rs, cd, cs, amax, scale, mu, rsigma)
         _C.norm_fwd_flat(
             False,
             tuple(spec),
@@ -913,11 +914,5 @@ def test_spec_int32_fields_out_of_range(field, value):
             None,
             0,
             tensor(np.zeros((1, 4), np.float32)),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
+            *[None] * 7,
         )

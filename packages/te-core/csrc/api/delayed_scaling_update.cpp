@@ -145,6 +145,19 @@ void add_next(const te_delayed_scaling_group& g, const te_delayed_scaling_next& 
   }
 }
 
+// Every group checked (add_group) into one entry list; none for num_groups 0.
+std::vector<te::DelayedScalingEntry> checked_entries(const te_delayed_scaling_group* groups,
+                                                     int64_t num_groups, CallDevice* call) {
+  TE_CHECK_ARG(num_groups >= 0, "num_groups: expected >= 0, got ", num_groups);
+  std::vector<te::DelayedScalingEntry> entries;
+  if (num_groups == 0) return entries;
+  TE_CHECK_ARG(groups != nullptr, "groups: expected an array of ", num_groups,
+               " te_delayed_scaling_group, got NULL");
+  for (int64_t g = 0; g < num_groups; ++g)
+    add_group(groups[g], "groups[" + std::to_string(g) + "].", call, &entries);
+  return entries;
+}
+
 void run(const std::vector<te::DelayedScalingEntry>& entries, const CallDevice& call, void* stream) {
   if (entries.empty()) return;
   const auto count = static_cast<int64_t>(entries.size());
@@ -171,27 +184,16 @@ extern "C" te_status te_delayed_scaling_update(te_tensor* amax_histories, te_ten
 extern "C" te_status te_delayed_scaling_update_groups(const te_delayed_scaling_group* groups,
                                                       int64_t num_groups, void* stream) {
   return te::guard("te_delayed_scaling_update_groups", [&] {
-    TE_CHECK_ARG(num_groups >= 0, "num_groups: expected >= 0, got ", num_groups);
-    if (num_groups == 0) return;
-    TE_CHECK_ARG(groups != nullptr, "groups: expected an array of ", num_groups,
-                 " te_delayed_scaling_group, got NULL");
     CallDevice call;
-    std::vector<te::DelayedScalingEntry> entries;
-    for (int64_t g = 0; g < num_groups; ++g)
-      add_group(groups[g], "groups[" + std::to_string(g) + "].", &call, &entries);
-    run(entries, call, stream);
+    run(checked_entries(groups, num_groups, &call), call, stream);
   });
 }
 
 extern "C" te_status te_delayed_scaling_check_groups(const te_delayed_scaling_group* groups,
                                                      int64_t num_groups) {
   return te::guard("te_delayed_scaling_check_groups", [&] {
-    TE_CHECK_ARG(num_groups >= 0, "num_groups: expected >= 0, got ", num_groups);
-    if (num_groups == 0) return;
-    TE_CHECK_ARG(groups != nullptr, "groups: expected an array of ", num_groups,
-                 " te_delayed_scaling_group, got NULL");
     CallDevice call;
-    std::vector<te::DelayedScalingEntry> entries;
+    checked_entries(groups, num_groups, &call);
     // (span, group, index, is_scale) of every non-empty history and scale
     struct Part {
       Span span;
@@ -200,7 +202,6 @@ extern "C" te_status te_delayed_scaling_check_groups(const te_delayed_scaling_gr
     };
     std::vector<Part> parts;
     for (int64_t g = 0; g < num_groups; ++g) {
-      add_group(groups[g], "groups[" + std::to_string(g) + "].", &call, &entries);
       for (int64_t i = 0; i < groups[g].count; ++i) {
         if (te::numel(groups[g].scales[i]) == 0) continue;  // N = 0: nothing to update
         parts.push_back({bytes_of(groups[g].amax_histories[i]), g, i, false});
