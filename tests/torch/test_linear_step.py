@@ -209,11 +209,14 @@ def test_entry_point_errors():
         )
 
 
-def test_main_grad_dtype_error():
-    m = te.Linear(32, 16, fuse_wgrad_accumulation=True, device="cpu")
-    m.weight.main_grad = torch.zeros(16, 32, dtype=torch.bfloat16)
-    x = torch.randn(4, 32)
-    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+@pytest.mark.parametrize("recipe", [te.recipe.Float8CurrentScaling, te.recipe.MXFP8BlockScaling])
+def test_main_grad_dtype_error(recipe):
+    """The fused step and the unfused one (MXFP8) say the same (the unfused one named te_gemm's
+    output ``out`` instead)."""
+    m = te.Linear(32, 32, fuse_wgrad_accumulation=True, device="cpu")
+    m.weight.main_grad = torch.zeros(32, 32, dtype=torch.bfloat16)
+    x = torch.randn(32, 32)
+    with te.autocast(recipe=recipe()):
         y = m(x)
     with pytest.raises(ValueError, match="weight.main_grad: expected a contiguous fp32 tensor"):
         y.sum().backward()

@@ -44,10 +44,11 @@ class MainGradLinear(torch.autograd.Function):
         return dx, None, db
 
 
-def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
+def main_grad_of(weight: torch.Tensor, quantized: bool = False) -> torch.Tensor:
     """``weight.main_grad``, where fuse_wgrad_accumulation puts the weight gradient; a
     ValueError naming it when it is missing or not of the weight's shape (else an
-    AttributeError or te_gemm's error about its output ``d``)."""
+    AttributeError or te_gemm's error about its output ``d``), or, for a quantized GEMM
+    (``quantized``), not a contiguous fp32 tensor."""
     mg = getattr(weight, "main_grad", None)
     if mg is None or mg.shape != weight.shape:
         got = "no main_grad" if mg is None else f"main_grad of shape {list(mg.shape)}"
@@ -56,6 +57,14 @@ def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
             f"it, so it must be a tensor of the weight's shape {list(weight.shape)} (an fp32 "
             f"buffer you attach, e.g. weight.main_grad = torch.zeros_like(weight, "
             f"dtype=torch.float32)), got {got}"
+        )
+    if quantized and (mg.dtype != torch.float32 or not mg.is_contiguous()):
+        # a quantized GEMM accumulates in fp32 into its output (the high-precision path adds in
+        # main_grad's own dtype)
+        raise ValueError(
+            "weight.main_grad: expected a contiguous fp32 tensor under te.autocast "
+            "(fuse_wgrad_accumulation: the quantized wgrad GEMM accumulates into it), got "
+            f"{mg.dtype} with strides {tuple(mg.stride())}"
         )
     return mg
 

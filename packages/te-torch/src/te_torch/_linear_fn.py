@@ -60,7 +60,7 @@ def wgrad(c: FP8Context, gq, xq, weight: torch.Tensor, fuse: bool, w_dtype: torc
     gemm_wgrad(
         gq,
         xq,
-        out=main_grad_of(weight),
+        out=main_grad_of(weight, quantized=True),
         accumulate=not getattr(weight, "overwrite_main_grad", False),
         use_split_accumulator=c.split[2],
     )
@@ -159,7 +159,7 @@ def _backward(ctx, dy, gi_q: Quantizer | None = None) -> tuple:
         if ctx.fuse:
             w = ctx.weight
             _gemm(
-                _col(gq), xc, *_WGRAD, shape, torch.float32, main_grad_of(w),
+                _col(gq), xc, *_WGRAD, shape, torch.float32, main_grad_of(w, quantized=True),
                 not getattr(w, "overwrite_main_grad", False), _DEFAULT_EPILOGUE, None, None,
                 _split(c.split[2]),
             )  # fmt: skip

@@ -232,12 +232,7 @@ def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, dev
         dw = _empty(shape, dtype=dtype, device=device)
         config = gemm_config(True, False, False, _DEFAULT, False, split)
         return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), config
-    main_grad = main_grad_of(weight)
-    if main_grad.dtype != torch.float32 or not main_grad.is_contiguous():
-        raise ValueError(
-            "weight.main_grad: expected a contiguous fp32 tensor (fuse_wgrad_accumulation "
-            f"accumulates into it), got {main_grad.dtype} with strides {tuple(main_grad.stride())}"
-        )
+    main_grad = main_grad_of(weight, quantized=True)
     accumulate = not getattr(weight, "overwrite_main_grad", False)
     dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, main_grad.get_device())
     return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, split)
