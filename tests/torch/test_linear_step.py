@@ -77,6 +77,42 @@ def test_fused_step_matches_unfused(recipe_name, dtype, bias, x_grad):
 
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_one_module_many_kinds_of_call(recipe_name):
+    # The fused step keeps what it derives from a kind of call (shapes, dtypes, which gradients,
+    # bias) in a per-context plan (_linear_step.StepPlan): one module called with every kind in
+    # turn, each kind twice and out of order, must match the unfused path on every call,
+    # including token counts that pad (7 x 3, 5) next to ones that do not (16, 2 x 8).
+    a, b, recipe = _pair(lambda: te.Linear(64, 48, params_dtype=torch.float32, device="cpu"), recipe_name)
+    kinds = [
+        ((7, 3), torch.float32, True, True),
+        ((16,), torch.float32, True, True),
+        ((16,), torch.bfloat16, True, True),
+        ((5,), torch.bfloat16, False, True),
+        ((2, 8), torch.float32, True, False),
+        ((5,), torch.float32, False, False),
+    ]
+    for kind in kinds + kinds[::-1]:
+        lead, dtype, x_grad, w_grad = kind
+        for m in (a, b):
+            m.weight.requires_grad_(w_grad)
+            m.bias.requires_grad_(w_grad)
+        x = torch.randn(*lead, 64, dtype=dtype)
+        dy = torch.randn(*lead, 48, dtype=dtype)
+        xa, xb = x.clone().requires_grad_(x_grad), x.clone().requires_grad_(x_grad)
+        if not (x_grad or w_grad):
+            with te.autocast(recipe=recipe):
+                ya, yb = a(xa), b(xb)
+            assert torch.equal(ya, yb), kind
+            continue
+        ya = _run(a, xa, dy, recipe, unfused=False)
+        yb = _run(b, xb, dy, recipe, unfused=True)
+        assert ya.shape == (*lead, 48) and ya.dtype == dtype
+        assert torch.equal(ya, yb), kind
+        _assert_same(_grads(a, xa), _grads(b, xb))
+    assert a._gemm.ctx.packed_ok and len(a._gemm.ctx.plans) >= 4
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
 def test_frozen_weight_and_microbatch_cache(recipe_name):
     # A frozen weight (no wgrad: x's column-wise copy is not made) and is_first_microbatch's
     # cached weight: True quantizes and caches, False reuses the cache, even after the weight

@@ -76,9 +76,16 @@ def register_linear_params(module, in_features, out_features, bias, split, param
 
 
 def linear_params(module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of register_linear_params' parameters (concatenated when split)."""
+    """(weight, bias) of register_linear_params' parameters (concatenated when split). Read from
+    ``_parameters`` first: nn.Module's __getattr__ costs a step ~1 us per parameter on the CPU
+    (several on the H200 host); an attribute that is not a registered parameter (a
+    parametrization, a wrapper's plain tensor, ``bias=False``'s None) is read as an attribute."""
     if module._split is None:
-        return module.weight, module.bias
+        params = module._parameters
+        weight = params.get("weight")
+        if weight is None:
+            weight = module.weight
+        return weight, params["bias"] if "bias" in params else module.bias
     weight = torch.cat([getattr(module, n) for n in module._weight_names])
     bias = torch.cat([getattr(module, n) for n in module._bias_names]) if module._bias_names else None
     return weight, bias
@@ -222,9 +229,10 @@ class Linear(SingleGemmModule):
             grad = torch.is_grad_enabled()
             if not (grad or eager):
                 x, weight, gemm_bias = detached(inp, weight, gemm_bias)
-            n_pad = 0 if c.block else pad_count(inp, weight, any_rows=c.per_tensor)
-            if n_pad and c.per_tensor and eager:
-                n_pad = 0  # the eager per-tensor step pads inside, with no output slice (_linear_step)
+            # the eager per-tensor step pads inside, with no output slice (_linear_step)
+            n_pad = 0
+            if not (c.block or (eager and c.per_tensor)):
+                n_pad = pad_count(inp, weight, any_rows=c.per_tensor)
             x = pad(x, n_pad) if n_pad else x
             if grad or not eager:
                 apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY

@@ -31,7 +31,7 @@ from te_torch._fp8_io import grad_operand
 from te_torch._high_precision import main_grad_of
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import QuantizedTensor
-from te_torch._token_pad import pad_rows, step_source
+from te_torch._token_pad import pad_rows, say_once, step_pad
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -45,21 +45,24 @@ def _stored_operand(op: tuple) -> tuple:
     return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
 
 
-def weight_plan(c, weight: torch.Tensor, first, need_col: bool, dev: int) -> tuple:
-    """How a step gets its quantized weight: (wq, row bytes, col bytes, keep). A fresh weight is
-    quantized by ``wq`` (its quantizer's _flat()) into packed copies of those sizes (col 0: no
-    column-wise copy); a stored quantized weight or is_first_microbatch's cached copy is read as
-    it is (``keep``: its parts, alive until backward even if re-cached; wq None).
-
-    ``dev``: the input's device index (-1: CPU). The step describes the weight and the buffers
-    its copies go to by that index, so a weight elsewhere is refused here: te-core's own device
-    checks would see only the index it was given, and a CUDA pointer read by the CPU backend
-    crashes the process."""
+def check_weight_device(c, weight: torch.Tensor, dev: int) -> None:
+    """``weight`` must be on ``dev`` (the input's device index, -1: CPU): a step describes the
+    weight and the buffers its copies go to by that index, te-core's own device checks see only
+    the index they are given, and a CUDA pointer read by the CPU backend crashes the process."""
     if weight.get_device() != dev:
         raise ValueError(
             f"{c.owner}: the input is on {'cpu' if dev < 0 else f'cuda:{dev}'} but a weight is on "
             f"{weight.device}: move the input, or the module (module.to(...)), to one device"
         )
+
+
+def weight_plan(c, weight: torch.Tensor, first, need_col: bool, dev: int) -> tuple:
+    """How a step gets its quantized weight: (wq, row bytes, col bytes, keep). A fresh weight is
+    quantized by ``wq`` (its quantizer's _flat()) into packed copies of those sizes (col 0: no
+    column-wise copy); a stored quantized weight or is_first_microbatch's cached copy is read as
+    it is (``keep``: its parts, alive until backward even if re-cached; wq None). ``dev``: the
+    input's device index (check_weight_device)."""
+    check_weight_device(c, weight, dev)
     if first is None and not isinstance(weight, QuantizedTensor):
         wq = c.w_q[3]._flat()
         wr, wc = packed(wq[0], wq[1], weight.shape)
@@ -143,6 +146,63 @@ def check_not_released(ctx, owner: str) -> None:
         )
 
 
+class StepPlan:
+    """What te.Linear's eager steps of one kind (input shape and dtype, weight, which gradients,
+    bias or not) reuse from call to call: the quantizations' flat tuples, the packed copies'
+    sizes, the output shape and the GEMM configs, so a call only allocates, reads data pointers
+    and enters te_core._C. On the H200 host every line of Python before the C call delays the
+    step's first kernel by a few microseconds (benchmarks/NOTES.md); deriving these per call cost
+    a small step ~12% of te's Python (dev machine, C calls stubbed). Kept per FP8Context
+    (``c.plans``), whose quantizers' buffers live as long as it does; ``bwd`` is the backward's
+    part for the last gradient kind seen (``bwd_key``)."""
+
+    __slots__ = (
+        "device", "x_shape", "xq", "xr", "xc", "pad", "src_shape", "wq", "wr", "wc", "w_shape", "w_dt",
+        "out_shape", "out_dt", "fprop", "bwd_key", "bwd",
+    )  # fmt: skip
+
+
+def step_plan(
+    c,
+    key: tuple,
+    inp: torch.Tensor,
+    weight: torch.Tensor,
+    need_dx: bool,
+    need_dw: bool,
+    fresh: bool,
+    has_bias: bool,
+) -> StepPlan:
+    """A new ``c.plans[key]`` (see StepPlan). ``fresh``: the weight is quantized by the step (not
+    stored quantized, no is_first_microbatch cache)."""
+    check_weight_device(c, weight, inp.get_device())
+    plan = StepPlan()
+    plan.device = inp.device
+    plan.xq = xq = c.x_q[3]._flat()
+    plan.pad = pad = step_pad(inp, c.per_tensor, need_dw)
+    plan.src_shape = torch.Size((inp.numel() // inp.shape[-1] + pad, inp.shape[-1])) if pad else inp.shape
+    xr, xc = packed(xq[0], xq[1], plan.src_shape)
+    plan.xr, plan.xc = xr, xc if need_dw else 0
+    plan.wq = plan.wr = plan.wc = None
+    if fresh:
+        plan.wq = wq = c.w_q[3]._flat()
+        wr, wc = packed(wq[0], wq[1], weight.shape)
+        plan.wr, plan.wc = wr, wc if need_dx else 0
+    plan.w_shape, plan.w_dt = weight.shape, TE_DTYPE[weight.dtype]
+    plan.x_shape = inp.shape
+    plan.out_shape = torch.Size((*inp.shape[:-1], weight.shape[0]))
+    plan.out_dt = TE_DTYPE[inp.dtype]
+    plan.fprop = gemm_config(False, True, False, _BIAS if has_bias else _DEFAULT, False, _split(c.split[0]))
+    plan.bwd_key = plan.bwd = None
+    if len(c.plans) >= _MAX_PLANS:  # shapes that keep changing (inference over many lengths)
+        c.plans.clear()
+    c.plans[key] = plan
+    return plan
+
+
+_MAX_PLANS = 64
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
     """LinearFn.forward, eagerly (see the module docstring). With ``ctx`` None it is the module's
     whole forward under torch.no_grad(), called without an autograd Function: it keeps nothing
@@ -152,45 +212,51 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     if not inp.is_contiguous():
         inp = inp.contiguous()
     dev = inp.get_device()
-    device = inp.device
+    fresh = first is None and (type(weight) in _PLAIN or not isinstance(weight, QuantizedTensor))
+    key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dx, need_dw,
+           fresh, bias is None)  # fmt: skip
+    plan = c.plans.get(key) or step_plan(c, key, inp, weight, need_dx, need_dw, fresh, bias is not None)
     stream = _raw_stream(dev) if dev >= 0 else 0
-    xq = c.x_q[3]._flat()
-    src, pad = step_source(inp, c.per_tensor, need_dw)
-    xr, xc = packed(xq[0], xq[1], src.shape)
-    if not need_dw:
-        xc = 0
-    plan = weight_plan(c, weight, first, need_dx, dev)
-    _, wr, wc, keep = plan
+    device = plan.device
+    src = inp
+    if plan.pad:
+        say_once()
+        src = pad_rows(inp, plan.pad, False)
+    xr, xc, wr, wc = plan.xr, plan.xc, plan.wr, plan.wc
+    keep = None
+    if not fresh:
+        keep = c.weight_operand(weight, first, need_dx)
+        wr = wc = 0
     tmp = take_tmp(xr + wr, device, dev, stream)
     tp = tmp.data_ptr()
-    saved = sp = None
+    saved = None
+    sp = 0
     if xc + wc:
         saved = _empty(xc + wc, dtype=_U8, device=device)
         sp = saved.data_ptr()
-    x_fwd = (0, (src.data_ptr(), TE_DTYPE[src.dtype], src.shape, dev), xq, tp, sp if xc else 0)
-    w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + xr, (sp or 0) + xc)
+    x_fwd = (0, (src.data_ptr(), TE_DTYPE[src.dtype], plan.src_shape, dev), plan.xq, tp, sp if xc else 0)
+    if fresh:
+        wq, w_shape, w_col = plan.wq, plan.w_shape, sp + xc if wc else 0
+        w_fwd = (0, (weight.data_ptr(), plan.w_dt, w_shape, dev), wq, tp + xr, w_col)
+        w_bwd = (1, wq[0], wq[1], w_shape, dev, 0, w_col)
+    else:
+        w_fwd = w_bwd = _stored_operand(keep)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
-    out_shape = (*inp.shape[:-1], weight.shape[0])
-    out = _empty(out_shape, dtype=inp.dtype, device=device)
+    out = _empty(plan.out_shape, dtype=inp.dtype, device=device)
     _linear_fwd(
-        x_fwd, w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
-        fprop_config(c, bias), stream,
+        x_fwd, w_fwd, spec(bias), (out.data_ptr(), plan.out_dt, plan.out_shape, dev), plan.fprop, stream
     )  # fmt: skip
     give_tmp(dev, stream, tmp)
     if ctx is None:
         return out
     ctx.packed = True
-    ctx.saved_buf, ctx.keep = saved, keep
-    ctx.x_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if xc else None
-    ctx.pad = pad
+    ctx.plan, ctx.c, ctx.fuse = plan, c, fuse_wgrad
+    ctx.saved_buf, ctx.keep, ctx.sp = saved, keep, sp
     ctx.w_bwd = w_bwd if need_dx else None
-    ctx.x_shape, ctx.x_dtype = inp.shape, inp.dtype
-    ctx.c = c
-    ctx.fuse = fuse_wgrad
+    ctx.x_dtype = inp.dtype
     ctx.weight = weight if fuse_wgrad else None
-    ctx.w_shape, ctx.w_dtype = weight.shape, weight.dtype
-    ctx.b_dtype = b_dtype
+    ctx.w_dtype, ctx.b_dtype = weight.dtype, b_dtype
     return out
 
 
@@ -248,41 +314,75 @@ def dgrad_config(c) -> _C.GemmConfig:
     return gemm_config(False, False, False, _DEFAULT, False, _split(c.split[1]))
 
 
+class GradPlan:
+    """StepPlan's backward part for one kind of output gradient (shape, dtype, which gradients):
+    dy's quantization and packed sizes, the dgrad and wgrad configs."""
+
+    __slots__ = ("gq", "gr", "gc", "dgrad", "wgrad", "dy_dt")
+
+
+def grad_plan(plan: StepPlan, c, key: tuple, dy: torch.Tensor, need_dx: bool, need_dw: bool) -> GradPlan:
+    """``plan.bwd`` when made for ``key``, else a new one in its place."""
+    gp = GradPlan()
+    gp.gq = gq = c.g_q[3]._flat()
+    gr, gc = packed(gq[0], gq[1], dy.shape)
+    gp.gr, gp.gc = (gr if need_dx else 0), (gc if need_dw else 0)
+    gp.dgrad = dgrad_config(c)
+    gp.wgrad = gemm_config(True, False, False, _DEFAULT, False, _split(c.split[2]))
+    gp.dy_dt = TE_DTYPE[dy.dtype]
+    plan.bwd_key, plan.bwd = key, gp
+    return gp
+
+
 def backward(ctx, dy: torch.Tensor) -> tuple:
     """LinearFn.backward, eagerly: (dx, dw, db, None, None, None); a quantized ``dy`` as in
     given_grad."""
-    c = ctx.c
+    c, plan = ctx.c, ctx.plan
     check_not_released(ctx, c.owner)
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    if ctx.pad:
-        dy = padded_grad(dy, ctx.pad)
-    dy, g, db, parts = given_grad(dy, c, need_dx, need_dw, ctx.b_dtype if need_db else None)
+    if plan.pad:
+        dy = padded_grad(dy, plan.pad)
+    g = parts = db = None
+    if type(dy) is not torch.Tensor:
+        dy, g, db, parts = given_grad(dy, c, need_dx, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dx or need_dw):
         return None, None, column_sums(dy, ctx.b_dtype) if need_db else None, None, None, None
     if g is None and not dy.is_contiguous():
         dy = dy.contiguous()
     dev = dy.get_device()
-    device = dy.device
+    device = plan.device
     stream = _raw_stream(dev) if dev >= 0 else 0
     c.register_backward()
+    key = (dy.shape, dy.dtype, need_dx, need_dw)
+    gp = plan.bwd if plan.bwd_key == key else grad_plan(plan, c, key, dy, need_dx, need_dw)
     tmp = None
     if g is None:
-        g, tmp, _ = grad_copies(c, dy, need_dx, need_dw, 0, stream)
+        gr, gc = gp.gr, gp.gc
+        tmp = take_tmp(gr + gc, device, dev, stream)
+        tp = tmp.data_ptr()
+        g = (0, (dy.data_ptr(), gp.dy_dt, dy.shape, dev), gp.gq, tp if gr else 0, tp + gr if gc else 0)
     else:
         need_db = False  # summed by given_grad
     if need_db:
-        db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device)
-    dx = dx_spec = dgrad = None
+        db = _empty(plan.out_shape[-1:], dtype=ctx.b_dtype, device=device)
+    dx = dx_spec = None
     if need_dx:
-        dx = _empty(ctx.x_shape, dtype=dy.dtype, device=device)
-        dx_spec = (dx.data_ptr(), TE_DTYPE[dx.dtype], ctx.x_shape, dev)
-        dgrad = dgrad_config(c)
-    dw = dw_spec = wgrad = None
+        dx = _empty(plan.x_shape, dtype=dy.dtype, device=device)
+        dx_spec = (dx.data_ptr(), gp.dy_dt, plan.x_shape, dev)
+    dw = dw_spec = None
+    x_bwd = None
+    wgrad = gp.wgrad
     if need_dw:
-        dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, ctx.w_shape, ctx.w_dtype, dev, device)
+        xq, sp = plan.xq, ctx.sp
+        x_bwd = (1, xq[0], xq[1], plan.src_shape, dev, 0, sp)
+        if ctx.fuse:
+            dw, dw_spec, wgrad = wgrad_target(c, True, ctx.weight, plan.w_shape, ctx.w_dtype, dev, device)
+        else:
+            dw = _empty(plan.w_shape, dtype=ctx.w_dtype, device=device)
+            dw_spec = (dw.data_ptr(), TE_DTYPE[ctx.w_dtype], plan.w_shape, dev)
     _linear_bwd(
-        g, spec(db) if need_db else None, ctx.x_bwd, ctx.w_bwd, dx_spec, dgrad, dw_spec, wgrad,
-        stream,
+        g, spec(db) if need_db else None, x_bwd, ctx.w_bwd, dx_spec, gp.dgrad if need_dx else None,
+        dw_spec, wgrad if need_dw else None, stream,
     )  # fmt: skip
     if tmp is not None:
         give_tmp(dev, stream, tmp)

@@ -52,12 +52,18 @@ def pad_rows(t: torch.Tensor, count: int, zeros: bool) -> torch.Tensor:
     return torch.cat([t2, tail])
 
 
+def step_pad(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> int:
+    """How many rows a fused step that pads inside adds to ``inp``'s tokens: up to a multiple of
+    ALIGN when a per-tensor weight gradient reduces over them, else 0. Called inside a Function's
+    forward, where grad mode is off: ``need_wgrad`` decides (the modules detach their weights
+    under no_grad)."""
+    return -(inp.numel() // inp.shape[-1]) % ALIGN if per_tensor and need_wgrad and inp.shape[-1] else 0
+
+
 def step_source(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> tuple[torch.Tensor, int]:
-    """(source, count) of a fused step that pads inside: ``inp`` with its last row copied up to a
-    multiple of ALIGN rows when a per-tensor weight gradient reduces over them, else ``inp`` and
-    0. Called inside a Function's forward, where grad mode is off: ``need_wgrad`` decides (the
-    modules detach their weights under no_grad)."""
-    count = -(inp.numel() // inp.shape[-1]) % ALIGN if per_tensor and need_wgrad and inp.shape[-1] else 0
+    """(source, count) of a fused step that pads inside (``count``: step_pad): ``inp`` with its
+    last row copied ``count`` times, or ``inp`` and 0."""
+    count = step_pad(inp, per_tensor, need_wgrad)
     if not count:
         return inp, 0
     say_once()
