@@ -126,11 +126,11 @@ def test_eager_steps_pad_inside(module, name):
     assert x.grad.shape == x.shape and all(p.grad is not None for p in m.parameters())
 
 
-# The modules' autograd Functions (the class each module's forward applies).
+# The modules' autograd Functions (the class each module's forward applies) and their raw applies.
 FUNCTIONS = {
-    "Linear": ("te_torch._linear", "LinearFn", "_LINEAR_APPLY"),
-    "LayerNormLinear": ("te_torch._layernorm_linear", "LayerNormLinearFn", "_APPLY"),
-    "LayerNormMLP": ("te_torch._layernorm_mlp", "LayerNormMLPFn", "_APPLY"),
+    "Linear": ("te_torch._linear", "LinearFn", ("_LINEAR_APPLY", "_STEP_APPLY")),
+    "LayerNormLinear": ("te_torch._layernorm_linear", "LayerNormLinearFn", ("_APPLY",)),
+    "LayerNormMLP": ("te_torch._layernorm_mlp", "LayerNormMLPFn", ("_APPLY",)),
 }
 
 
@@ -147,13 +147,14 @@ def test_inference_runs_the_step_without_autograd(monkeypatch, module, name):
     x = torch.randn(3, 7, 64)
     with te.autocast(recipe=r):
         want = copy.deepcopy(base)(x.clone().requires_grad_(True)).detach()  # the Function's
-    path, fn, raw = FUNCTIONS[module]
+    path, fn, raws = FUNCTIONS[module]
     mod = sys.modules[path]
 
     def refuse(*_):
         raise AssertionError("an autograd Function ran")
 
-    monkeypatch.setattr(mod, raw, refuse)
+    for raw in raws:
+        monkeypatch.setattr(mod, raw, refuse)
     monkeypatch.setattr(getattr(mod, fn), "apply", refuse)
     for ctx in (torch.no_grad, torch.inference_mode):
         with ctx(), te.autocast(recipe=r):

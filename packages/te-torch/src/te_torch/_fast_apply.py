@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-_transforms_active = torch._C._are_functorch_transforms_active
+transforms_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -24,4 +24,4 @@ def raw_apply(fn_cls: type[torch.autograd.Function]):
 
 def wrapper_needed() -> bool:
     """Whether ``Function.apply``'s Python wrapper must run (tracing, or functorch transforms)."""
-    return _is_compiling() or _transforms_active()
+    return _is_compiling() or transforms_active()

@@ -23,11 +23,11 @@ import torch
 
 from te_torch import _autocast, _linear_step
 from te_torch._availability import default_device
-from te_torch._fast_apply import raw_apply, wrapper_needed
+from te_torch._fast_apply import raw_apply, transforms_active, wrapper_needed
 from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear
-from te_torch._linear_fn import LinearFn, LinearIOFn
+from te_torch._linear_fn import LinearFn, LinearIOFn, LinearStepFn
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
@@ -52,6 +52,7 @@ _Tensor = torch.Tensor
 
 _STATE = _autocast.STATE
 _LINEAR_APPLY = raw_apply(LinearFn)
+_STEP_APPLY = raw_apply(LinearStepFn)
 
 
 def register_linear_params(module, in_features, out_features, bias, split, params_dtype, device) -> None:
@@ -235,7 +236,10 @@ class Linear(SingleGemmModule):
                 n_pad = pad_count(inp, weight, any_rows=c.per_tensor)
             x = pad(x, n_pad) if n_pad else x
             if grad or not eager:
-                apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
+                if eager and not transforms_active():
+                    apply = _STEP_APPLY
+                else:
+                    apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
                 out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
             else:
                 out = _linear_step.forward(None, x, weight, gemm_bias, c, is_first_microbatch, False)

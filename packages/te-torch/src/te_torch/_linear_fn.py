@@ -222,6 +222,15 @@ class LinearFn(torch.autograd.Function):
         return _backward(ctx, dy)
 
 
+class LinearStepFn(torch.autograd.Function):
+    """LinearFn where its eager branch is known to be taken (the caller checked FP8Context's
+    packed_ok and is_eager): the fused step itself, without LinearFn's forward and backward
+    frames and their second is_eager check in between (te.Linear's small eager step)."""
+
+    forward = staticmethod(_linear_step.forward)
+    backward = staticmethod(_linear_step.backward)
+
+
 class LinearIOFn(torch.autograd.Function):
     """LinearFn with TE's ``fp8_output`` / ``fp8_grad`` and a quantized input (see the module
     docstring). ``out_q``: the output quantizer (None: y in high precision); ``gi_q``: the
