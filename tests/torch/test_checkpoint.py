@@ -10,7 +10,7 @@ import pytest
 import te_torch as te
 import torch
 from _module_ref import delayed_states as _states
-from te_torch import recipe
+from te_torch import _autocast, recipe
 
 RECIPES = {
     "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),
@@ -34,10 +34,19 @@ def _run(m, x, r, ckpt):
     return [y.detach(), x.grad, *grads]
 
 
+@pytest.fixture(params=[True, False], ids=["deferred", "at_pass_end"])
+def defer(request, monkeypatch):
+    """Backward updates deferred (the default), or run from the pass's end-of-pass callback (as
+    where torch.distributed is initialized or on a side stream)."""
+    if not request.param:
+        monkeypatch.setattr(_autocast, "_may_defer", lambda cuda_index: False)
+    return request.param
+
+
 @pytest.mark.parametrize("seg", list(SEGMENTS))
 @pytest.mark.parametrize("rname", list(RECIPES))
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
-def test_checkpointed_segment_trains_as_the_plain_one(seg, rname, reentrant):
+def test_checkpointed_segment_trains_as_the_plain_one(seg, rname, reentrant, defer):
     torch.manual_seed(0)
     plain = SEGMENTS[seg]()
     ckpt = copy.deepcopy(plain)
@@ -118,3 +127,66 @@ def test_torch_checkpoint_around_te_modules_warns_and_te_checkpoint_does_not(seg
             y = te.checkpoint(m, x, use_reentrant=reentrant)
         y.sum().backward()
         m(x).sum().backward()  # high precision outside a backward pass: no warning
+
+
+@pytest.mark.parametrize("rname", list(RECIPES))
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_a_module_used_inside_and_outside_the_segment(rname, reentrant, defer):
+    # The same Linear inside a checkpointed segment and after it: its recomputation runs inside
+    # the backward pass that also records the outer use, which must not update (roll) the
+    # backward state that pass is still recording: one update per step, as without checkpoint.
+    torch.manual_seed(0)
+    plain = te.Linear(64, 64)
+    ckpt = copy.deepcopy(plain)
+    r = RECIPES[rname]()
+
+    def run(m, x, checkpointed):
+        x = x.detach().requires_grad_(True)
+        with te.autocast(recipe=r):
+            if checkpointed:
+                h = te.checkpoint(lambda t: torch.relu(m(t)), x, use_reentrant=reentrant)
+            else:
+                h = torch.relu(m(x))
+            y = m(h)
+        (y * y).sum().backward()
+        grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad(set_to_none=True)
+        return [y.detach(), x.grad, *grads]
+
+    for step in range(3):
+        x = torch.randn(32, 64)
+        got, want = run(ckpt, x, True), run(plain, x, False)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), step
+        for a, b in zip(_states(ckpt), _states(plain), strict=True):
+            assert torch.equal(a, b), step
+
+
+def test_a_pass_that_raised_after_its_recomputation():
+    # The backward pass that ran a reentrant recomputation raises after it: later steps still
+    # update once per pass, as the plain segment's do after the same failure.
+    torch.manual_seed(0)
+    plain = te.Linear(64, 64)
+    ckpt = copy.deepcopy(plain)
+    r = RECIPES["delayed"]()
+
+    def run(m, x, checkpointed, fail):
+        x = x.detach().requires_grad_(True)
+        if fail:
+            x.register_hook(lambda g: (_ for _ in ()).throw(RuntimeError("hook failed")))
+        with te.autocast(recipe=r):
+            h = te.checkpoint(lambda t: torch.relu(m(t)), x) if checkpointed else torch.relu(m(x))
+            y = m(h)
+        if fail:
+            with pytest.raises(RuntimeError, match="hook failed"):
+                (y * y).sum().backward()
+        else:
+            (y * y).sum().backward()
+        m.zero_grad(set_to_none=True)
+        return y.detach()
+
+    for step in range(4):
+        x = torch.randn(32, 64)
+        assert torch.equal(run(ckpt, x, True, step == 1), run(plain, x, False, step == 1)), step
+        for a, b in zip(_states(ckpt), _states(plain), strict=True):
+            assert torch.equal(a, b), step

@@ -58,6 +58,7 @@ class _State:
         "fwd_registry",
         "bwd_registry",
         "bwd_task",
+        "outer_task",
         "deferred",
         "flushes",
     )
@@ -71,6 +72,7 @@ class _State:
         self.fwd_registry = UpdateRegistry()
         self.bwd_registry = UpdateRegistry()
         self.bwd_task = None  # the backward pass (graph task id) whose end _end_backward awaits
+        self.outer_task = None  # a pass running a reentrant recomputation's nested one (note_replay)
         self.deferred: list = []  # the registry entries of backward passes, awaiting their update
         self.flushes = 0  # how many times ``deferred`` was updated and emptied
 
@@ -138,6 +140,8 @@ class autocast:  # noqa: N801 (TE's name)
             s.recipe = self.recipe
             s.group = self.amax_reduction_group
         s.depth += 1
+        if s.outer_task is not None and s.depth == 1 and _graph_task_id() == -1:
+            s.outer_task = None  # that pass raised before its end (note_replay)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -199,6 +203,9 @@ def register_backward(entry: tuple) -> None:
     pass is updated first."""
     s = STATE
     task = _graph_task_id()
+    nested = s.outer_task is not None and task != s.outer_task
+    if nested:  # a reentrant recomputation's backward: part of the pass that runs it
+        task = s.outer_task
     st = entry[2]
     pending = st.pending
     if pending is not None and pending[0] == s.flushes and pending[1] != task:
@@ -209,10 +216,37 @@ def register_backward(entry: tuple) -> None:
         return
     s.bwd_registry.add(entry)
     # Once per pass. Compared by id, not a flag: a pass that raised never ran its callback, and a
-    # flag would then stay set and leave every later pass's states unupdated.
+    # flag would then stay set and leave every later pass's states unupdated. A nested pass's
+    # callback would run at its own end, inside the outer one: note_replay's runs at the outer's.
     if s.bwd_task != task:
         s.bwd_task = task
-        torch.autograd.Variable._execution_engine.queue_callback(_end_backward)
+        if not nested:
+            _queue_callback(_end_backward)
+
+
+def note_replay() -> None:
+    """te.checkpoint's reentrant recomputation is about to run, inside the backward pass that
+    needs it, and torch then runs the segment's backward as a nested pass of its own. Until the
+    outer pass ends, states registered in the nested one count as the outer pass's: one update
+    per pass, as without checkpointing (a module used inside and outside the segment would
+    otherwise update its backward state in the middle of the pass, and once more after it). If
+    the outer pass raises before its end, the next outermost region's entry forgets it."""
+    s = STATE
+    task = _graph_task_id()
+    if task != -1 and s.outer_task != task:
+        s.outer_task = task
+        _queue_callback(_end_outer)
+
+
+def _end_outer() -> None:
+    s = STATE
+    task, s.outer_task = s.outer_task, None
+    if s.bwd_task == task:  # registered first from the nested pass: no callback of its own
+        _end_backward()
+
+
+def _queue_callback(fn) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
 _graph_task_id = torch._C._current_graph_task_id

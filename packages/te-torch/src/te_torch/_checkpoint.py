@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.utils.checkpoint as _ckpt
 
-from te_torch._autocast import STATE
+from te_torch._autocast import STATE, note_replay
 from te_torch._recipe_state import UpdateRegistry
 
 __all__ = ["checkpoint"]
@@ -157,8 +157,12 @@ def checkpoint(
 
     def run(*a):
         # torch's reentrant checkpoint calls this under no_grad for the forward and with grad
-        # enabled for the recomputation
-        with _Replay(frame) if torch.is_grad_enabled() else _Record(frame):
+        # enabled for the recomputation, then runs the segment's backward as a nested pass
+        if not torch.is_grad_enabled():
+            with _Record(frame):
+                return function(*a, **kwargs)
+        note_replay()
+        with _Replay(frame):
             return function(*a, **kwargs)
 
     return _ckpt.checkpoint(run, *args, use_reentrant=True)
