@@ -193,13 +193,13 @@ def step_plan(
     plan.out_dt = TE_DTYPE[inp.dtype]
     plan.fprop = gemm_config(False, True, False, _BIAS if has_bias else _DEFAULT, False, _split(c.split[0]))
     plan.bwd_key = plan.bwd = None
-    if len(c.plans) >= _MAX_PLANS:  # shapes that keep changing (inference over many lengths)
+    if len(c.plans) >= MAX_PLANS:  # shapes that keep changing (inference over many lengths)
         c.plans.clear()
     c.plans[key] = plan
     return plan
 
 
-_MAX_PLANS = 64
+MAX_PLANS = 64  # per FP8Context
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -293,15 +293,13 @@ def grad_copies(c, dy: torch.Tensor, need_row: bool, need_col: bool, extra: int,
 def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, device) -> tuple:
     """(dw, dw spec, wgrad config): a new weight gradient, or with ``fuse`` (dw None) the GEMM
     accumulating into ``weight.main_grad`` (overwriting with ``weight.overwrite_main_grad``)."""
-    split = _split(c.split[2])
     if not fuse:
         dw = _empty(shape, dtype=dtype, device=device)
-        config = gemm_config(True, False, False, _DEFAULT, False, split)
-        return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), config
+        return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), wgrad_config(c)
     main_grad = main_grad_of(weight, quantized=True)
     accumulate = not getattr(weight, "overwrite_main_grad", False)
     dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, main_grad.get_device())
-    return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, split)
+    return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, _split(c.split[2]))
 
 
 def mark_main_grad(weight) -> None:
@@ -314,6 +312,11 @@ def dgrad_config(c) -> _C.GemmConfig:
     return gemm_config(False, False, False, _DEFAULT, False, _split(c.split[1]))
 
 
+def wgrad_config(c) -> _C.GemmConfig:
+    """The wgrad GEMM's config into a new weight gradient (wgrad_target's without main_grad)."""
+    return gemm_config(True, False, False, _DEFAULT, False, _split(c.split[2]))
+
+
 class GradPlan:
     """StepPlan's backward part for one kind of output gradient (shape, dtype, which gradients):
     dy's quantization and packed sizes, the dgrad and wgrad configs."""
@@ -321,16 +324,16 @@ class GradPlan:
     __slots__ = ("gq", "gr", "gc", "dgrad", "wgrad", "dy_dt")
 
 
-def grad_plan(plan: StepPlan, c, key: tuple, dy: torch.Tensor, need_dx: bool, need_dw: bool) -> GradPlan:
-    """``plan.bwd`` when made for ``key``, else a new one in its place."""
+def grad_plan(c, dy: torch.Tensor, need_row: bool, need_col: bool) -> GradPlan:
+    """A GradPlan of GEMM context ``c`` for ``dy``'s kind (its row-wise copy for dgrad, its
+    column-wise copy for wgrad, where asked)."""
     gp = GradPlan()
     gp.gq = gq = c.g_q[3]._flat()
     gr, gc = packed(gq[0], gq[1], dy.shape)
-    gp.gr, gp.gc = (gr if need_dx else 0), (gc if need_dw else 0)
+    gp.gr, gp.gc = (gr if need_row else 0), (gc if need_col else 0)
     gp.dgrad = dgrad_config(c)
-    gp.wgrad = gemm_config(True, False, False, _DEFAULT, False, _split(c.split[2]))
+    gp.wgrad = wgrad_config(c)
     gp.dy_dt = TE_DTYPE[dy.dtype]
-    plan.bwd_key, plan.bwd = key, gp
     return gp
 
 
@@ -354,7 +357,10 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     stream = _raw_stream(dev) if dev >= 0 else 0
     c.register_backward()
     key = (dy.shape, dy.dtype, need_dx, need_dw)
-    gp = plan.bwd if plan.bwd_key == key else grad_plan(plan, c, key, dy, need_dx, need_dw)
+    gp = plan.bwd
+    if plan.bwd_key != key:
+        gp = plan.bwd = grad_plan(c, dy, need_dx, need_dw)
+        plan.bwd_key = key
     tmp = None
     if g is None:
         gr, gc = gp.gr, gp.gc
