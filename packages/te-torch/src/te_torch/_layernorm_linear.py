@@ -32,6 +32,7 @@ from te_torch._module_base import (
     check_params_dtype,
     check_size,
     detached,
+    parameter,
     register_norm_params,
     reject_kwargs,
     reject_parallel,
@@ -170,7 +171,7 @@ class LayerNormLinear(SingleGemmModule):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
         gemm_bias = None if self.return_bias else bias
-        ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
+        ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
         s = _STATE
         if s.fp8:
             c = self._gemm.ctx_for(s.recipe, s.group, weight.device)

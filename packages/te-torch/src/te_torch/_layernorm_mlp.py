@@ -37,6 +37,7 @@ from te_torch._module_base import (
     check_size,
     detached,
     init_weight,
+    parameter,
     register_norm_params,
     reject_kwargs,
     reject_parallel,
@@ -190,8 +191,9 @@ class LayerNormMLP(QuantizedModule):
                 bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
         except (AttributeError, IndexError):
             bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
-        ln_w, ln_b = self.layer_norm_weight, self.layer_norm_bias
-        w1, b1, w2, b2 = self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias
+        ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
+        w1, b1 = parameter(self, "fc1_weight"), parameter(self, "fc1_bias")
+        w2, b2 = parameter(self, "fc2_weight"), parameter(self, "fc2_bias")
         gemm_b2 = None if self.return_bias else b2
         fuse = self.fuse_wgrad_accumulation
         s = _STATE

@@ -38,6 +38,7 @@ from te_torch._module_base import (
     check_size,
     detached,
     init_weight,
+    parameter,
     reject_kwargs,
     reject_parallel,
     split_sizes,
@@ -77,16 +78,9 @@ def register_linear_params(module, in_features, out_features, bias, split, param
 
 
 def linear_params(module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of register_linear_params' parameters (concatenated when split). Read from
-    ``_parameters`` first: nn.Module's __getattr__ costs a step ~1 us per parameter on the CPU
-    (several on the H200 host); an attribute that is not a registered parameter (a
-    parametrization, a wrapper's plain tensor, ``bias=False``'s None) is read as an attribute."""
+    """(weight, bias) of register_linear_params' parameters (concatenated when split)."""
     if module._split is None:
-        params = module._parameters
-        weight = params.get("weight")
-        if weight is None:
-            weight = module.weight
-        return weight, params["bias"] if "bias" in params else module.bias
+        return parameter(module, "weight"), parameter(module, "bias")
     weight = torch.cat([getattr(module, n) for n in module._weight_names])
     bias = torch.cat([getattr(module, n) for n in module._bias_names]) if module._bias_names else None
     return weight, bias

@@ -20,7 +20,7 @@ import torch
 
 from te_torch._availability import default_device
 from te_torch._high_precision import norm
-from te_torch._module_base import FLOAT_DTYPES, check_eps
+from te_torch._module_base import FLOAT_DTYPES, check_eps, parameter
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -126,7 +126,7 @@ class _Norm(torch.nn.Module):
             or tuple(inp.shape[inp.dim() - n :]) != self.normalized_shape
         ):
             self._bad_input(inp)
-        weight, bias = self.weight, self.bias
+        weight, bias = parameter(self, "weight"), parameter(self, "bias")
         if n == 1:
             return norm(inp, weight, bias, self._rms, self.eps, self.zero_centered_gamma)
         x = inp.reshape(*inp.shape[: inp.dim() - n], self._hidden)
