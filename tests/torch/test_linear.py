@@ -339,3 +339,27 @@ def test_meta_tensors_are_named_in_the_error():
     with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
         with pytest.raises(ValueError, match="meta device"):
             m(x)
+
+
+@pytest.mark.parametrize("name", ["current", "delayed"])
+def test_parametrized_weight_is_read(name):
+    # te modules read parameters from _parameters first (_module_base.parameter); a
+    # parametrization moves the weight out of it, and the module must use the parametrized value.
+    import torch.nn.utils.parametrize as P
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(0)
+    a = te.Linear(64, 32, device="cpu")
+    b = copy.deepcopy(a)
+    P.register_parametrization(a, "weight", Double())
+    with torch.no_grad():
+        b.weight.mul_(2)
+    x = torch.randn(8, 64)
+    r = RECIPES[name]()
+    with te.autocast(recipe=r):
+        ya, yb = a(x), b(x)
+    assert torch.equal(ya, yb)
+    assert torch.equal(a(x), b(x))  # outside autocast too
