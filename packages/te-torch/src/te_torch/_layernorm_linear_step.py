@@ -28,23 +28,23 @@ from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
 from te_torch._fused_kernels import norm_config
-from te_torch._kernels import _raw_stream, give_tmp, packed, spec, take_tmp
+from te_torch._kernels import _raw_stream, give_tmp, spec, take_tmp
 from te_torch._linear_step import (
+    StepPlan,
     check_not_released,
     column_sums,
-    dgrad_config,
-    fprop_config,
     gemm_bias,
     given_grad,
-    grad_copies,
+    grad_plan,
     mark_main_grad,
     padded_grad,
     release_saved,
-    weight_operands,
-    weight_plan,
+    step_plan,
+    stored_operand,
     wgrad_target,
 )
-from te_torch._token_pad import step_source
+from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._token_pad import pad_rows, say_once
 
 _U8, _F32 = torch.uint8, TE_DTYPE[torch.float32]
 _empty = torch.empty
@@ -105,6 +105,16 @@ def save_norm(ctx, inp, ln_w, ln_b, rms: bool, zcg: bool, mu, rsigma, need_dln: 
     ctx.has_ln_bias = ln_b is not None
 
 
+class LnLinearPlan(StepPlan):
+    """te.Linear's StepPlan for this step, plus the real token count (``rows``), the norm
+    statistics' bytes (``sn``) and the norm config."""
+
+    __slots__ = ("rows", "sn", "norm")
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm: tuple):
     """LayerNormLinearFn.forward, eagerly (see the module docstring); ``norm`` = (rms, eps,
     zero_centered_gamma). With ``ctx`` None, the module's forward under torch.no_grad(), called
@@ -116,16 +126,26 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     need_dw = ctx is not None and weight.requires_grad
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
-    device = inp.device
-    xq = c.x_q[3]._flat()
-    src, pad = step_source(inp, c.per_tensor, need_dw)
-    lr, lc = packed(xq[0], xq[1], src.shape)
-    if not need_dw:
-        lc = 0
-    plan = weight_plan(c, weight, first, need_dln, dev)
-    _, wr, wc, keep = plan
-    rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
-    sn = stats_bytes(rows + pad, rms)
+    fresh = first is None and (type(weight) in _PLAIN or not isinstance(weight, QuantizedTensor))
+    key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dln, need_dw,
+           fresh, bias is None, norm)  # fmt: skip
+    p = c.plans.get(key)
+    if p is None:
+        p = step_plan(c, key, inp, weight, need_dln, need_dw, fresh, bias is not None, LnLinearPlan)
+        p.rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
+        p.sn = stats_bytes(p.rows + p.pad, rms)
+        p.norm = norm_config(eps, zcg)
+    device = p.device
+    rows, pad, sn = p.rows, p.pad, p.sn
+    src = inp
+    if pad:
+        say_once()
+        src = pad_rows(inp, pad, False)
+    lr, lc, wr, wc = p.xr, p.xc, p.wr, p.wc
+    keep = None
+    if not fresh:
+        keep = c.weight_operand(weight, first, need_dln)
+        wr = wc = 0
     tmp = _empty(lr + wr + (0 if need_dln else sn), dtype=_U8, device=device)
     tp = tmp.data_ptr()
     saved = None
@@ -134,43 +154,47 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
         saved = _empty(lc + wc + (sn if need_dln else 0), dtype=_U8, device=device)
         sp = saved.data_ptr()
     mu, rsigma = stats(rows + pad, rms, sp + lc + wc if need_dln else tp + lr + wr, dev)
-    w_fwd, w_bwd = weight_operands(weight, plan, dev, tp + lr, sp + lc)
+    if fresh:
+        wq, w_shape, w_col = p.wq, p.w_shape, sp + lc if wc else 0
+        w_fwd = (0, (weight.data_ptr(), p.w_dt, w_shape, dev), wq, tp + lr, w_col)
+        w_bwd = (1, wq[0], wq[1], w_shape, dev, 0, w_col)
+    else:
+        w_fwd = w_bwd = stored_operand(keep)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
-    out_shape = (*inp.shape[:-1], weight.shape[0])
-    out = _empty(out_shape, dtype=inp.dtype, device=device)
+    xq = p.xq
+    out = _empty(p.out_shape, dtype=inp.dtype, device=device)
     _fwd(
-        rms, spec(src), spec(ln_w), spec(ln_b), (xq, tp, sp if lc else 0), mu, rsigma,
-        norm_config(eps, zcg), w_fwd, spec(bias), (out.data_ptr(), TE_DTYPE[out.dtype], out_shape, dev),
-        fprop_config(c, bias), _raw_stream(dev) if dev >= 0 else 0,
+        rms, (src.data_ptr(), p.out_dt, p.src_shape, dev), spec(ln_w), spec(ln_b), (xq, tp, sp if lc else 0),
+        mu, rsigma, p.norm, w_fwd, spec(bias), (out.data_ptr(), p.out_dt, p.out_shape, dev), p.fprop,
+        _raw_stream(dev) if dev >= 0 else 0,
     )  # fmt: skip
     if ctx is None:
         return out
     ctx.packed = True
+    ctx.plan = p
     ctx.saved_buf, ctx.keep = saved, keep
-    ctx.ln_bwd = (1, xq[0], xq[1], src.shape, dev, 0, sp) if lc else None
+    ctx.ln_bwd = (1, xq[0], xq[1], p.src_shape, dev, 0, sp) if lc else None
     ctx.w_bwd = w_bwd if need_dln else None
     if pad:
         mu, rsigma = real_rows_stats(mu, rsigma, rows)
     save_norm(ctx, inp, ln_w, ln_b, rms, zcg, mu, rsigma, need_dln)
-    ctx.pad = pad
-    ctx.x_shape = inp.shape
     ctx.c = c
     ctx.fuse = fuse_wgrad
     ctx.weight = weight if fuse_wgrad else None
-    ctx.w_shape, ctx.w_dtype = weight.shape, weight.dtype
+    ctx.w_dtype = weight.dtype
     ctx.b_dtype = b_dtype
     return out
 
 
 def backward(ctx, dy: torch.Tensor) -> tuple:
     """LayerNormLinearFn.backward, eagerly: (dx, dgamma, dbeta, dw, db, None x 4)."""
-    c = ctx.c
+    c, p = ctx.c, ctx.plan
     check_not_released(ctx, c.owner)
     need_dx, need_dlnw, need_dlnb, need_dw, need_db = ctx.needs_input_grad[:5]
     need_dln = need_dx or need_dlnw or need_dlnb
-    if ctx.pad:
-        dy = padded_grad(dy, ctx.pad)
+    if p.pad:
+        dy = padded_grad(dy, p.pad)
     dy, g, db, parts = given_grad(dy, c, need_dln, need_dw, ctx.b_dtype if need_db else None)
     if not (need_dln or need_dw):
         db = column_sums(dy, ctx.b_dtype) if need_db else db
@@ -178,27 +202,36 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     if g is None and not dy.is_contiguous():
         dy = dy.contiguous()
     dev = dy.get_device()
-    device = dy.device
+    device = p.device
     stream = _raw_stream(dev) if dev >= 0 else 0
     c.register_backward()
-    shape = ctx.x_shape
+    shape = p.x_shape
+    key = (dy.shape, dy.dtype, need_dln, need_dw)
+    gp = p.bwd
+    if p.bwd_key != key:
+        gp = p.bwd = grad_plan(c, dy, need_dln, need_dw)
+        p.bwd_key = key
     dln_bytes = scratch(shape.numel() * dy.element_size()) if need_dln else 0
     if g is None:
-        g, tmp, dln_ptr = grad_copies(c, dy, need_dln, need_dw, dln_bytes, stream)
+        gr, gc = gp.gr, gp.gc
+        tmp = take_tmp(gr + gc + dln_bytes, device, dev, stream)
+        tp = tmp.data_ptr()
+        g = (0, (dy.data_ptr(), gp.dy_dt, dy.shape, dev), gp.gq, tp if gr else 0, tp + gr if gc else 0)
+        dln_ptr = tp + gr + gc
     else:
         need_db = False  # summed by given_grad
         tmp = take_tmp(dln_bytes, device, dev, stream)
         dln_ptr = tmp.data_ptr()
     if need_db:
-        db = _empty((dy.shape[-1],), dtype=ctx.b_dtype, device=device)
+        db = _empty(p.out_shape[-1:], dtype=ctx.b_dtype, device=device)
     dx = dlnw = dlnb = dln = dgrad = norm = None
     if need_dln:
-        dln = (dln_ptr, TE_DTYPE[dy.dtype], shape, dev)
-        dgrad = dgrad_config(c)
+        dln = (dln_ptr, gp.dy_dt, shape, dev)
+        dgrad = gp.dgrad
         dx, dlnw, dlnb, norm = norm_grads(ctx, shape, device, need_dlnb)
     dw = dw_spec = wgrad = None
     if need_dw:
-        dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, ctx.w_shape, ctx.w_dtype, dev, device)
+        dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, p.w_shape, ctx.w_dtype, dev, device)
     _bwd(
         g, spec(db) if need_db else None, ctx.ln_bwd, ctx.w_bwd, dln, dgrad, dw_spec, wgrad, norm,
         stream,

@@ -40,7 +40,7 @@ _linear_bwd = _C.linear_bwd
 _DEFAULT, _BIAS = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BIAS)
 
 
-def _stored_operand(op: tuple) -> tuple:
+def stored_operand(op: tuple) -> tuple:
     """A stored quantized weight's (mode, rd, rs, cd, cs) as a kind-2 operand."""
     return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
 
@@ -74,7 +74,7 @@ def weight_operands(weight: torch.Tensor, plan: tuple, dev: int, row: int, col: 
     """(forward operand, backward operand) of weight_plan's weight, fresh copies at row / col."""
     wq, _, wc, keep = plan
     if wq is None:
-        op = _stored_operand(keep)
+        op = stored_operand(keep)
         return op, op
     col = col if wc else 0
     w_spec = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
@@ -171,11 +171,13 @@ def step_plan(
     need_dw: bool,
     fresh: bool,
     has_bias: bool,
+    cls: type = StepPlan,
 ) -> StepPlan:
-    """A new ``c.plans[key]`` (see StepPlan). ``fresh``: the weight is quantized by the step (not
-    stored quantized, no is_first_microbatch cache)."""
+    """A new ``c.plans[key]`` (see StepPlan; ``cls``: a subclass with more to fill in).
+    ``fresh``: the weight is quantized by the step (not stored quantized, no is_first_microbatch
+    cache); ``need_dx``: its dgrad needs the weight's column-wise copy."""
     check_weight_device(c, weight, inp.get_device())
-    plan = StepPlan()
+    plan = cls()
     plan.device = inp.device
     plan.xq = xq = c.x_q[3]._flat()
     plan.pad = pad = step_pad(inp, c.per_tensor, need_dw)
@@ -240,7 +242,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         w_fwd = (0, (weight.data_ptr(), plan.w_dt, w_shape, dev), wq, tp + xr, w_col)
         w_bwd = (1, wq[0], wq[1], w_shape, dev, 0, w_col)
     else:
-        w_fwd = w_bwd = _stored_operand(keep)
+        w_fwd = w_bwd = stored_operand(keep)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
     out = _empty(plan.out_shape, dtype=inp.dtype, device=device)
@@ -272,22 +274,7 @@ def given_grad(dy, c, need_row: bool, need_col: bool, b_dtype) -> tuple:
     if gq is None:
         return dy.dequantize(), None, None, None
     db = None if b_dtype is None else column_sums(dy.dequantize(torch.float32), b_dtype)
-    return dy, _stored_operand(gq), db, gq
-
-
-def grad_copies(c, dy: torch.Tensor, need_row: bool, need_col: bool, extra: int, stream: int) -> tuple:
-    """(g, tmp, extra_ptr): dy as the kind-0 operand quantized into one temporary buffer (from
-    take_tmp for a call on ``stream``: give_tmp it after the call), its row-wise copy (dgrad)
-    and/or column-wise copy (wgrad), followed by ``extra`` bytes of scratch for the caller (a
-    multiple of 256) at extra_ptr."""
-    gq = c.g_q[3]._flat()
-    gr, gc = packed(gq[0], gq[1], dy.shape)
-    gr, gc = (gr if need_row else 0), (gc if need_col else 0)
-    dev = dy.get_device()
-    tmp = take_tmp(gr + gc + extra, dy.device, dev, stream)
-    tp = tmp.data_ptr()
-    src = (dy.data_ptr(), TE_DTYPE[dy.dtype], dy.shape, dev)
-    return (0, src, gq, tp if gr else 0, tp + gr if gc else 0), tmp, tp + gr + gc
+    return dy, stored_operand(gq), db, gq
 
 
 def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, device) -> tuple:

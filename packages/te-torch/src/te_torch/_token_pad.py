@@ -60,16 +60,6 @@ def step_pad(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> int:
     return -(inp.numel() // inp.shape[-1]) % ALIGN if per_tensor and need_wgrad and inp.shape[-1] else 0
 
 
-def step_source(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> tuple[torch.Tensor, int]:
-    """(source, count) of a fused step that pads inside (``count``: step_pad): ``inp`` with its
-    last row copied ``count`` times, or ``inp`` and 0."""
-    count = step_pad(inp, per_tensor, need_wgrad)
-    if not count:
-        return inp, 0
-    say_once()
-    return pad_rows(inp, count, False), count
-
-
 def say_once() -> None:
     """Logs, once per process, at INFO, that a token count is being padded."""
     global _told
