@@ -38,12 +38,13 @@ from te_torch._linear_step import (
     grad_plan,
     mark_main_grad,
     padded_grad,
+    quantized_here,
     release_saved,
+    remember,
     step_plan,
     stored_operand,
     wgrad_target,
 )
-from te_torch._quantized_tensor import QuantizedTensor
 from te_torch._token_pad import pad_rows, say_once
 
 _U8, _F32 = torch.uint8, TE_DTYPE[torch.float32]
@@ -112,9 +113,6 @@ class LnLinearPlan(StepPlan):
     __slots__ = ("rows", "sn", "norm")
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm: tuple):
     """LayerNormLinearFn.forward, eagerly (see the module docstring); ``norm`` = (rms, eps,
     zero_centered_gamma). With ``ctx`` None, the module's forward under torch.no_grad(), called
@@ -126,15 +124,16 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     need_dw = ctx is not None and weight.requires_grad
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
-    fresh = first is None and (type(weight) in _PLAIN or not isinstance(weight, QuantizedTensor))
+    fresh = quantized_here(first, weight)
     key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dln, need_dw,
            fresh, bias is None, norm)  # fmt: skip
     p = c.plans.get(key)
     if p is None:
-        p = step_plan(c, key, inp, weight, need_dln, need_dw, fresh, bias is not None, LnLinearPlan)
+        p = step_plan(c, inp, weight, need_dln, need_dw, fresh, bias is not None, LnLinearPlan)
         p.rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
         p.sn = stats_bytes(p.rows + p.pad, rms)
         p.norm = norm_config(eps, zcg)
+        remember(c, key, p)
     device = p.device
     rows, pad, sn = p.rows, p.pad, p.sn
     src = inp

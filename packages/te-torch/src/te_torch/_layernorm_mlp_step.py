@@ -41,7 +41,6 @@ from te_torch._layernorm_linear_step import (
     stats_bytes,
 )
 from te_torch._linear_step import (
-    MAX_PLANS,
     check_not_released,
     check_weight_device,
     column_sums,
@@ -51,7 +50,9 @@ from te_torch._linear_step import (
     grad_plan,
     mark_main_grad,
     padded_grad,
+    quantized_here,
     release_saved,
+    remember,
     weight_operands,
     weight_plan,
     wgrad_target,
@@ -123,13 +124,7 @@ def mlp_plan(c1, c2, key: tuple, inp, w1, w2, b1, b2, cfg: tuple, needs: tuple, 
     p.norm = norm_config(eps, zcg)
     p.fprop1, p.fprop2 = fprop_config(c1, b1), fprop_config(c2, b2)
     p.bwd_key = p.bwd = None
-    if len(c1.plans) >= MAX_PLANS:
-        c1.plans.clear()
-    c1.plans[key] = p
-    return p
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+    return remember(c1, key, p)
 
 
 def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
@@ -144,8 +139,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
     dtype = inp.dtype
-    fresh = first is None and (type(w1) in _PLAIN or not isinstance(w1, QuantizedTensor))
-    fresh = fresh and (type(w2) in _PLAIN or not isinstance(w2, QuantizedTensor))
+    fresh = quantized_here(first, w1, w2)
     needs = (need_dln, need_dw1, need_dw2, need_dh)
     key = (
         c2, inp.shape, dtype, w1.shape, w1.dtype, w2.shape, w2.dtype, w1.get_device(), w2.get_device(),

@@ -164,7 +164,6 @@ class StepPlan:
 
 def step_plan(
     c,
-    key: tuple,
     inp: torch.Tensor,
     weight: torch.Tensor,
     need_dx: bool,
@@ -173,7 +172,7 @@ def step_plan(
     has_bias: bool,
     cls: type = StepPlan,
 ) -> StepPlan:
-    """A new ``c.plans[key]`` (see StepPlan; ``cls``: a subclass with more to fill in).
+    """A new StepPlan (``cls``: a subclass with more to fill in) for ``c`` (remember() keeps it).
     ``fresh``: the weight is quantized by the step (not stored quantized, no is_first_microbatch
     cache); ``need_dx``: its dgrad needs the weight's column-wise copy."""
     check_weight_device(c, weight, inp.get_device())
@@ -195,14 +194,29 @@ def step_plan(
     plan.out_dt = TE_DTYPE[inp.dtype]
     plan.fprop = gemm_config(False, True, False, _BIAS if has_bias else _DEFAULT, False, _split(c.split[0]))
     plan.bwd_key = plan.bwd = None
-    if len(c.plans) >= MAX_PLANS:  # shapes that keep changing (inference over many lengths)
+    return plan
+
+
+def remember(c, key: tuple, plan):
+    """Keeps a complete ``plan`` as ``c.plans[key]`` and returns it (only then: modules that
+    torch.nn.DataParallel replicates share their contexts across threads)."""
+    if len(c.plans) >= _MAX_PLANS:  # shapes that keep changing (inference over many lengths)
         c.plans.clear()
     c.plans[key] = plan
     return plan
 
 
-MAX_PLANS = 64  # per FP8Context
+_MAX_PLANS = 64  # per FP8Context
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def quantized_here(first, *weights: torch.Tensor) -> bool:
+    """Whether the step quantizes its weights itself (a fresh copy each call): no
+    is_first_microbatch cache in play and none stored quantized (te.quantized_model_init).
+    type() first: isinstance against the Tensor subclass costs ~0.3 us through torch's metaclass."""
+    if first is not None:
+        return False
+    return all(type(w) in _PLAIN or not isinstance(w, QuantizedTensor) for w in weights)
 
 
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
@@ -214,10 +228,12 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     if not inp.is_contiguous():
         inp = inp.contiguous()
     dev = inp.get_device()
-    fresh = first is None and (type(weight) in _PLAIN or not isinstance(weight, QuantizedTensor))
+    fresh = quantized_here(first, weight)
     key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dx, need_dw,
            fresh, bias is None)  # fmt: skip
-    plan = c.plans.get(key) or step_plan(c, key, inp, weight, need_dx, need_dw, fresh, bias is not None)
+    plan = c.plans.get(key) or remember(
+        c, key, step_plan(c, inp, weight, need_dx, need_dw, fresh, bias is not None)
+    )
     stream = _raw_stream(dev) if dev >= 0 else 0
     device = plan.device
     src = inp
