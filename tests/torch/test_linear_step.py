@@ -308,3 +308,28 @@ def test_saved_copies_freed_by_backward(kind, recipe_name):
     assert kept() is None  # freed by the backward that did not retain the graph
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         y.backward(dy)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: te.Linear(32, 32, device="cpu"),
+        lambda: te.LayerNormLinear(32, 32, device="cpu"),
+        lambda: te.LayerNormMLP(32, 64, device="cpu"),
+    ],
+    ids=["Linear", "LayerNormLinear", "LayerNormMLP"],
+)
+def test_a_meta_call_leaves_no_plan_for_the_cpu(make):
+    # A meta tensor's device index is -1, as the CPU's: the step's plan (which allocates on its
+    # device) must not be shared between them. The meta call fails, naming the meta device; the
+    # CPU call of the same kind after it runs as if it had not happened.
+    torch.manual_seed(0)
+    a = make()
+    b = copy.deepcopy(a)
+    r = te.recipe.Float8CurrentScaling()
+    x = torch.randn(16, 32)
+    with te.autocast(recipe=r), pytest.raises(ValueError, match="meta device"):
+        a(torch.empty(16, 32, device="meta"))
+    with te.autocast(recipe=r):
+        ya, yb = a(x), b(x)
+    assert ya.device.type == "cpu" and torch.equal(ya, yb)

@@ -125,8 +125,9 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     inp, ln_w, ln_b = contiguous(inp), contiguous(ln_w), contiguous(ln_b)
     dev = inp.get_device()
     fresh = quantized_here(first, weight)
-    key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dln, need_dw,
-           fresh, bias is None, norm)  # fmt: skip
+    # inp.device, not dev: a meta tensor's index is -1 as the CPU's (its plan allocates on meta)
+    key = (inp.shape, inp.dtype, inp.device, weight.shape, weight.dtype, weight.get_device(), need_dln,
+           need_dw, fresh, bias is None, norm)  # fmt: skip
     p = c.plans.get(key)
     if p is None:
         p = step_plan(c, inp, weight, need_dln, need_dw, fresh, bias is not None, LnLinearPlan)

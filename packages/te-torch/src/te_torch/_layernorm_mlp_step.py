@@ -143,7 +143,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     needs = (need_dln, need_dw1, need_dw2, need_dh)
     key = (
         c2, inp.shape, dtype, w1.shape, w1.dtype, w2.shape, w2.dtype, w1.get_device(), w2.get_device(),
-        dev, needs, fresh, b1 is None, b2 is None, cfg,
+        inp.device, needs, fresh, b1 is None, b2 is None, cfg,
     )  # fmt: skip
     p = c1.plans.get(key) or mlp_plan(c1, c2, key, inp, w1, w2, b1, b2, cfg, needs, fresh)
     device = p.device

@@ -229,8 +229,9 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         inp = inp.contiguous()
     dev = inp.get_device()
     fresh = quantized_here(first, weight)
-    key = (inp.shape, inp.dtype, weight.shape, weight.dtype, weight.get_device(), dev, need_dx, need_dw,
-           fresh, bias is None)  # fmt: skip
+    # inp.device, not dev: a meta tensor's index is -1 as the CPU's (its plan allocates on meta)
+    key = (inp.shape, inp.dtype, inp.device, weight.shape, weight.dtype, weight.get_device(), need_dx,
+           need_dw, fresh, bias is None)  # fmt: skip
     plan = c.plans.get(key) or remember(
         c, key, step_plan(c, inp, weight, need_dx, need_dw, fresh, bias is not None)
     )
