@@ -78,3 +78,36 @@ def calls(monkeypatch, module, name: str) -> list:
 
     monkeypatch.setattr(module, name, counted)
     return seen
+
+
+# Kinds of call a fused step keeps a plan for: (leading dims, input dtype, the input needs a
+# gradient, the weights need one). Token counts that pad (7 x 3, 5) beside ones that do not.
+KINDS = [
+    ((7, 3), torch.float32, True, True),
+    ((16,), torch.float32, True, True),
+    ((16,), torch.bfloat16, True, True),
+    ((5,), torch.float32, False, True),
+    ((2, 8), torch.float32, True, False),
+]
+
+
+def each_kind(a, b, recipe, features: tuple[int, int], weights: tuple[str, ...]) -> None:
+    """``a`` on the fused step and ``b`` op by op, called with every one of KINDS in turn, each
+    twice and out of order, freezing the named weight parameters where a kind says so: output,
+    gradients and delayed-scaling state must agree bit for bit on every call."""
+    k, n = features
+    for kind in KINDS + KINDS[::-1]:
+        lead, dtype, x_grad, w_grad = kind
+        for m in (a, b):
+            for name in weights:
+                getattr(m, name).requires_grad_(w_grad)
+        g = torch.Generator().manual_seed(len(lead) + lead[0])
+        x = torch.randn(*lead, k, generator=g).to(dtype)
+        dy = torch.randn(*lead, n, generator=g).to(dtype)
+        xa, xb = x.clone().requires_grad_(x_grad), x.clone().requires_grad_(x_grad)
+        ya = step(a, xa, dy, recipe, True)
+        yb = step(b, xb, dy, recipe, False)
+        assert ya.shape == (*lead, n) and ya.dtype == dtype
+        assert torch.equal(ya, yb), kind
+        assert_same(grads(a, xa), grads(b, xb))
+    assert_same_state(a, b)

@@ -11,7 +11,7 @@ import copy
 import pytest
 import te_torch as te
 import torch
-from _step_pair import RECIPES, assert_same, assert_same_state, calls, grads, pair, step
+from _step_pair import RECIPES, assert_same, assert_same_state, calls, each_kind, grads, pair, step
 from te_core import _C
 from te_torch import _layernorm_linear_step
 from te_torch._dtypes import TE_DTYPE
@@ -197,31 +197,8 @@ def test_entry_point_errors():
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 def test_one_module_many_kinds_of_call(recipe_name):
-    # The step keeps what it derives from a kind of call in a plan
-    # (_layernorm_linear_step.LnLinearPlan): one module called with each kind in turn, each twice
-    # and out of order, must match the op-by-op path on every call (token counts that pad next
-    # to ones that do not, two input dtypes for one shape, the input with and without a
-    # gradient, a frozen weight).
+    # The step keeps what it derives from a kind of call in a plan (LnLinearPlan): one module
+    # called with each kind in turn must match the op-by-op path on every call (_step_pair.KINDS).
     a, b, recipe = pair(_make(k=64, n=48), recipe_name)
-    kinds = [
-        ((7, 3), torch.float32, True, True),
-        ((16,), torch.float32, True, True),
-        ((16,), torch.bfloat16, True, True),
-        ((5,), torch.float32, False, True),
-        ((2, 8), torch.float32, True, False),
-    ]
-    for kind in kinds + kinds[::-1]:
-        lead, dtype, x_grad, w_grad = kind
-        for m in (a, b):
-            m.weight.requires_grad_(w_grad)
-        g = torch.Generator().manual_seed(len(lead) + lead[0])
-        x = torch.randn(*lead, 64, generator=g).to(dtype)
-        dy = torch.randn(*lead, 48, generator=g).to(dtype)
-        xa, xb = x.clone().requires_grad_(x_grad), x.clone().requires_grad_(x_grad)
-        ya = step(a, xa, dy, recipe, True)
-        yb = step(b, xb, dy, recipe, False)
-        assert ya.shape == (*lead, 48) and ya.dtype == dtype
-        assert torch.equal(ya, yb), kind
-        assert_same(grads(a, xa), grads(b, xb))
-    assert_same_state(a, b)
+    each_kind(a, b, recipe, (64, 48), ("weight",))
     assert len(a._gemm.ctx.plans) >= 4

@@ -11,7 +11,7 @@ import copy
 import pytest
 import te_torch as te
 import torch
-from _step_pair import RECIPES, assert_same, assert_same_state, calls, grads, pair, step
+from _step_pair import RECIPES, assert_same, assert_same_state, calls, each_kind, grads, pair, step
 from te_core import _C
 from te_torch import _layernorm_mlp_step
 from te_torch._dtypes import TE_DTYPE
@@ -89,33 +89,10 @@ def test_input_without_grad_and_frozen_parts(monkeypatch, recipe_name):
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 def test_one_module_many_kinds_of_call(recipe_name):
-    # The step keeps what it derives from a kind of call in a plan (_layernorm_mlp_step.MlpPlan):
-    # one module called with each kind in turn, each twice and out of order, must match the
-    # op-by-op path on every call (token counts that pad next to ones that do not, two input
-    # dtypes for one shape, the input with and without a gradient, frozen FC weights).
+    # The step keeps what it derives from a kind of call in a plan (MlpPlan): one module
+    # called with each kind in turn must match the op-by-op path on every call (_step_pair.KINDS).
     a, b, recipe = pair(_make(hidden=64, ffn=96), recipe_name)
-    kinds = [
-        ((7, 3), torch.float32, True, True),
-        ((16,), torch.float32, True, True),
-        ((16,), torch.bfloat16, True, True),
-        ((5,), torch.float32, False, True),
-        ((2, 8), torch.float32, True, False),
-    ]
-    for kind in kinds + kinds[::-1]:
-        lead, dtype, x_grad, w_grad = kind
-        for m in (a, b):
-            m.fc1_weight.requires_grad_(w_grad)
-            m.fc2_weight.requires_grad_(w_grad)
-        g = torch.Generator().manual_seed(len(lead) + lead[0])
-        x = torch.randn(*lead, 64, generator=g).to(dtype)
-        dy = torch.randn(*lead, 64, generator=g).to(dtype)
-        xa, xb = x.clone().requires_grad_(x_grad), x.clone().requires_grad_(x_grad)
-        ya = step(a, xa, dy, recipe, True)
-        yb = step(b, xb, dy, recipe, False)
-        assert ya.shape == (*lead, 64) and ya.dtype == dtype
-        assert torch.equal(ya, yb), kind
-        assert_same(grads(a, xa), grads(b, xb))
-    assert_same_state(a, b)
+    each_kind(a, b, recipe, (64, 64), ("fc1_weight", "fc2_weight"))
     assert len(a._fc1.ctx.plans) >= 4
 
 

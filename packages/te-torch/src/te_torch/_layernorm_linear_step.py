@@ -42,7 +42,8 @@ from te_torch._linear_step import (
     release_saved,
     remember,
     step_plan,
-    stored_operand,
+    weight_operands,
+    weight_plan,
     wgrad_target,
 )
 from te_torch._token_pad import pad_rows, say_once
@@ -130,7 +131,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
            need_dw, fresh, bias is None, norm)  # fmt: skip
     p = c.plans.get(key)
     if p is None:
-        p = step_plan(c, inp, weight, need_dln, need_dw, fresh, bias is not None, LnLinearPlan)
+        p = step_plan(c, inp, weight, need_dln, need_dw, fresh, bias, LnLinearPlan)
         p.rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0
         p.sn = stats_bytes(p.rows + p.pad, rms)
         p.norm = norm_config(eps, zcg)
@@ -141,11 +142,9 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
     if pad:
         say_once()
         src = pad_rows(inp, pad, False)
-    lr, lc, wr, wc = p.xr, p.xc, p.wr, p.wc
-    keep = None
-    if not fresh:
-        keep = c.weight_operand(weight, first, need_dln)
-        wr = wc = 0
+    lr, lc = p.xr, p.xc
+    w_plan = p.w if fresh else weight_plan(c, weight, first, need_dln, dev)
+    _, wr, wc, keep = w_plan
     tmp = _empty(lr + wr + (0 if need_dln else sn), dtype=_U8, device=device)
     tp = tmp.data_ptr()
     saved = None
@@ -154,12 +153,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
         saved = _empty(lc + wc + (sn if need_dln else 0), dtype=_U8, device=device)
         sp = saved.data_ptr()
     mu, rsigma = stats(rows + pad, rms, sp + lc + wc if need_dln else tp + lr + wr, dev)
-    if fresh:
-        wq, w_shape, w_col = p.wq, p.w_shape, sp + lc if wc else 0
-        w_fwd = (0, (weight.data_ptr(), p.w_dt, w_shape, dev), wq, tp + lr, w_col)
-        w_bwd = (1, wq[0], wq[1], w_shape, dev, 0, w_col)
-    else:
-        w_fwd = w_bwd = stored_operand(keep)
+    w_fwd, w_bwd = weight_operands(weight, w_plan, dev, tp + lr, sp + lc)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
     xq = p.xq

@@ -42,7 +42,6 @@ from te_torch._layernorm_linear_step import (
 )
 from te_torch._linear_step import (
     check_not_released,
-    check_weight_device,
     column_sums,
     dgrad_config,
     fprop_config,
@@ -103,8 +102,6 @@ def mlp_plan(c1, c2, key: tuple, inp, w1, w2, b1, b2, cfg: tuple, needs: tuple, 
     rms, eps, zcg, kind, _ = cfg
     need_dln, need_dw1, need_dw2, need_dh = needs
     dev = inp.get_device()
-    check_weight_device(c1, w1, dev)
-    check_weight_device(c2, w2, dev)
     p = MlpPlan()
     p.device, p.x_shape = inp.device, inp.shape
     p.rows = rows = inp.numel() // inp.shape[-1] if inp.shape[-1] else 0

@@ -30,7 +30,7 @@ from te_torch._dtypes import TE_DTYPE
 from te_torch._fp8_io import grad_operand
 from te_torch._high_precision import main_grad_of
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
-from te_torch._quantized_tensor import QuantizedTensor
+from te_torch._quantized_tensor import PLAIN_TYPES, QuantizedTensor
 from te_torch._token_pad import pad_rows, say_once, step_pad
 
 _U8 = torch.uint8
@@ -40,29 +40,27 @@ _linear_bwd = _C.linear_bwd
 _DEFAULT, _BIAS = int(_C.Epilogue.DEFAULT), int(_C.Epilogue.BIAS)
 
 
-def stored_operand(op: tuple) -> tuple:
+def _stored_operand(op: tuple) -> tuple:
     """A stored quantized weight's (mode, rd, rs, cd, cs) as a kind-2 operand."""
     return (2, op[0], spec(op[1]), spec(op[2]), spec(op[3]), spec(op[4]))
-
-
-def check_weight_device(c, weight: torch.Tensor, dev: int) -> None:
-    """``weight`` must be on ``dev`` (the input's device index, -1: CPU): a step describes the
-    weight and the buffers its copies go to by that index, te-core's own device checks see only
-    the index they are given, and a CUDA pointer read by the CPU backend crashes the process."""
-    if weight.get_device() != dev:
-        raise ValueError(
-            f"{c.owner}: the input is on {'cpu' if dev < 0 else f'cuda:{dev}'} but a weight is on "
-            f"{weight.device}: move the input, or the module (module.to(...)), to one device"
-        )
 
 
 def weight_plan(c, weight: torch.Tensor, first, need_col: bool, dev: int) -> tuple:
     """How a step gets its quantized weight: (wq, row bytes, col bytes, keep). A fresh weight is
     quantized by ``wq`` (its quantizer's _flat()) into packed copies of those sizes (col 0: no
     column-wise copy); a stored quantized weight or is_first_microbatch's cached copy is read as
-    it is (``keep``: its parts, alive until backward even if re-cached; wq None). ``dev``: the
-    input's device index (check_weight_device)."""
-    check_weight_device(c, weight, dev)
+    it is (``keep``: its parts, alive until backward even if re-cached; wq None).
+
+    ``dev``: the input's device index (-1: CPU). The step describes the weight and the buffers
+    its copies go to by that index, so a weight elsewhere is refused here: te-core's own device
+    checks would see only the index it was given, and a CUDA pointer read by the CPU backend
+    crashes the process. A step plan holds a fresh weight's plan, made once per kind of call,
+    whose key has both devices."""
+    if weight.get_device() != dev:
+        raise ValueError(
+            f"{c.owner}: the input is on {'cpu' if dev < 0 else f'cuda:{dev}'} but a weight is on "
+            f"{weight.device}: move the input, or the module (module.to(...)), to one device"
+        )
     if first is None and not isinstance(weight, QuantizedTensor):
         wq = c.w_q[3]._flat()
         wr, wc = packed(wq[0], wq[1], weight.shape)
@@ -74,7 +72,7 @@ def weight_operands(weight: torch.Tensor, plan: tuple, dev: int, row: int, col: 
     """(forward operand, backward operand) of weight_plan's weight, fresh copies at row / col."""
     wq, _, wc, keep = plan
     if wq is None:
-        op = stored_operand(keep)
+        op = _stored_operand(keep)
         return op, op
     col = col if wc else 0
     w_spec = (weight.data_ptr(), TE_DTYPE[weight.dtype], weight.shape, dev)
@@ -149,7 +147,8 @@ def check_not_released(ctx, owner: str) -> None:
 class StepPlan:
     """What te.Linear's eager steps of one kind (input shape and dtype, weight, which gradients,
     bias or not) reuse from call to call: the quantizations' flat tuples, the packed copies'
-    sizes, the output shape and the GEMM configs, so a call only allocates, reads data pointers
+    sizes, a fresh weight's weight_plan (``w``), the output shape and the GEMM configs, so a
+    call only allocates, reads data pointers
     and enters te_core._C. On the H200 host every line of Python before the C call delays the
     step's first kernel by a few microseconds (benchmarks/NOTES.md); deriving these per call cost
     a small step ~12% of te's Python (dev machine, C calls stubbed). Kept per FP8Context
@@ -157,8 +156,8 @@ class StepPlan:
     part for the last gradient kind seen (``bwd_key``)."""
 
     __slots__ = (
-        "device", "x_shape", "xq", "xr", "xc", "pad", "src_shape", "wq", "wr", "wc", "w_shape", "w_dt",
-        "out_shape", "out_dt", "fprop", "bwd_key", "bwd",
+        "device", "x_shape", "xq", "xr", "xc", "pad", "src_shape", "w", "w_shape", "out_shape",
+        "out_dt", "fprop", "bwd_key", "bwd",
     )  # fmt: skip
 
 
@@ -169,13 +168,12 @@ def step_plan(
     need_dx: bool,
     need_dw: bool,
     fresh: bool,
-    has_bias: bool,
+    bias: torch.Tensor | None,
     cls: type = StepPlan,
 ) -> StepPlan:
     """A new StepPlan (``cls``: a subclass with more to fill in) for ``c`` (remember() keeps it).
     ``fresh``: the weight is quantized by the step (not stored quantized, no is_first_microbatch
     cache); ``need_dx``: its dgrad needs the weight's column-wise copy."""
-    check_weight_device(c, weight, inp.get_device())
     plan = cls()
     plan.device = inp.device
     plan.xq = xq = c.x_q[3]._flat()
@@ -183,16 +181,12 @@ def step_plan(
     plan.src_shape = torch.Size((inp.numel() // inp.shape[-1] + pad, inp.shape[-1])) if pad else inp.shape
     xr, xc = packed(xq[0], xq[1], plan.src_shape)
     plan.xr, plan.xc = xr, xc if need_dw else 0
-    plan.wq = plan.wr = plan.wc = None
-    if fresh:
-        plan.wq = wq = c.w_q[3]._flat()
-        wr, wc = packed(wq[0], wq[1], weight.shape)
-        plan.wr, plan.wc = wr, wc if need_dx else 0
-    plan.w_shape, plan.w_dt = weight.shape, TE_DTYPE[weight.dtype]
+    plan.w = weight_plan(c, weight, None, need_dx, inp.get_device()) if fresh else None
+    plan.w_shape = weight.shape
     plan.x_shape = inp.shape
     plan.out_shape = torch.Size((*inp.shape[:-1], weight.shape[0]))
     plan.out_dt = TE_DTYPE[inp.dtype]
-    plan.fprop = gemm_config(False, True, False, _BIAS if has_bias else _DEFAULT, False, _split(c.split[0]))
+    plan.fprop = fprop_config(c, bias)
     plan.bwd_key = plan.bwd = None
     return plan
 
@@ -207,7 +201,6 @@ def remember(c, key: tuple, plan):
 
 
 _MAX_PLANS = 64  # per FP8Context
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def quantized_here(first, *weights: torch.Tensor) -> bool:
@@ -216,7 +209,7 @@ def quantized_here(first, *weights: torch.Tensor) -> bool:
     type() first: isinstance against the Tensor subclass costs ~0.3 us through torch's metaclass."""
     if first is not None:
         return False
-    return all(type(w) in _PLAIN or not isinstance(w, QuantizedTensor) for w in weights)
+    return all(type(w) in PLAIN_TYPES or not isinstance(w, QuantizedTensor) for w in weights)
 
 
 def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
@@ -232,20 +225,16 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     # inp.device, not dev: a meta tensor's index is -1 as the CPU's (its plan allocates on meta)
     key = (inp.shape, inp.dtype, inp.device, weight.shape, weight.dtype, weight.get_device(), need_dx,
            need_dw, fresh, bias is None)  # fmt: skip
-    plan = c.plans.get(key) or remember(
-        c, key, step_plan(c, inp, weight, need_dx, need_dw, fresh, bias is not None)
-    )
+    plan = c.plans.get(key) or remember(c, key, step_plan(c, inp, weight, need_dx, need_dw, fresh, bias))
     stream = _raw_stream(dev) if dev >= 0 else 0
     device = plan.device
     src = inp
     if plan.pad:
         say_once()
         src = pad_rows(inp, plan.pad, False)
-    xr, xc, wr, wc = plan.xr, plan.xc, plan.wr, plan.wc
-    keep = None
-    if not fresh:
-        keep = c.weight_operand(weight, first, need_dx)
-        wr = wc = 0
+    xr, xc = plan.xr, plan.xc
+    w_plan = plan.w if fresh else weight_plan(c, weight, first, need_dx, dev)
+    _, wr, wc, keep = w_plan
     tmp = take_tmp(xr + wr, device, dev, stream)
     tp = tmp.data_ptr()
     saved = None
@@ -254,12 +243,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
         saved = _empty(xc + wc, dtype=_U8, device=device)
         sp = saved.data_ptr()
     x_fwd = (0, (src.data_ptr(), TE_DTYPE[src.dtype], plan.src_shape, dev), plan.xq, tp, sp if xc else 0)
-    if fresh:
-        wq, w_shape, w_col = plan.wq, plan.w_shape, sp + xc if wc else 0
-        w_fwd = (0, (weight.data_ptr(), plan.w_dt, w_shape, dev), wq, tp + xr, w_col)
-        w_bwd = (1, wq[0], wq[1], w_shape, dev, 0, w_col)
-    else:
-        w_fwd = w_bwd = stored_operand(keep)
+    w_fwd, w_bwd = weight_operands(weight, w_plan, dev, tp + xr, sp + xc)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
     out = _empty(plan.out_shape, dtype=inp.dtype, device=device)
@@ -291,19 +275,20 @@ def given_grad(dy, c, need_row: bool, need_col: bool, b_dtype) -> tuple:
     if gq is None:
         return dy.dequantize(), None, None, None
     db = None if b_dtype is None else column_sums(dy.dequantize(torch.float32), b_dtype)
-    return dy, stored_operand(gq), db, gq
+    return dy, _stored_operand(gq), db, gq
 
 
 def wgrad_target(c, fuse: bool, weight, shape, dtype: torch.dtype, dev: int, device) -> tuple:
     """(dw, dw spec, wgrad config): a new weight gradient, or with ``fuse`` (dw None) the GEMM
     accumulating into ``weight.main_grad`` (overwriting with ``weight.overwrite_main_grad``)."""
+    tail = (_DEFAULT, False, _split(c.split[2]))
     if not fuse:
         dw = _empty(shape, dtype=dtype, device=device)
-        return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), wgrad_config(c)
+        return dw, (dw.data_ptr(), TE_DTYPE[dtype], shape, dev), gemm_config(True, False, False, *tail)
     main_grad = main_grad_of(weight, quantized=True)
     accumulate = not getattr(weight, "overwrite_main_grad", False)
     dw_spec = (main_grad.data_ptr(), TE_DTYPE[torch.float32], main_grad.shape, main_grad.get_device())
-    return None, dw_spec, gemm_config(True, False, accumulate, _DEFAULT, False, _split(c.split[2]))
+    return None, dw_spec, gemm_config(True, False, accumulate, *tail)
 
 
 def mark_main_grad(weight) -> None:
@@ -316,16 +301,11 @@ def dgrad_config(c) -> _C.GemmConfig:
     return gemm_config(False, False, False, _DEFAULT, False, _split(c.split[1]))
 
 
-def wgrad_config(c) -> _C.GemmConfig:
-    """The wgrad GEMM's config into a new weight gradient (wgrad_target's without main_grad)."""
-    return gemm_config(True, False, False, _DEFAULT, False, _split(c.split[2]))
-
-
 class GradPlan:
     """StepPlan's backward part for one kind of output gradient (shape, dtype, which gradients):
-    dy's quantization and packed sizes, the dgrad and wgrad configs."""
+    dy's quantization and packed sizes, the dgrad config."""
 
-    __slots__ = ("gq", "gr", "gc", "dgrad", "wgrad", "dy_dt")
+    __slots__ = ("gq", "gr", "gc", "dgrad", "dy_dt")
 
 
 def grad_plan(c, dy: torch.Tensor, need_row: bool, need_col: bool) -> GradPlan:
@@ -336,7 +316,6 @@ def grad_plan(c, dy: torch.Tensor, need_row: bool, need_col: bool) -> GradPlan:
     gr, gc = packed(gq[0], gq[1], dy.shape)
     gp.gr, gp.gc = (gr if need_row else 0), (gc if need_col else 0)
     gp.dgrad = dgrad_config(c)
-    gp.wgrad = wgrad_config(c)
     gp.dy_dt = TE_DTYPE[dy.dtype]
     return gp
 
@@ -379,20 +358,14 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     if need_dx:
         dx = _empty(plan.x_shape, dtype=dy.dtype, device=device)
         dx_spec = (dx.data_ptr(), gp.dy_dt, plan.x_shape, dev)
-    dw = dw_spec = None
-    x_bwd = None
-    wgrad = gp.wgrad
+    dw = dw_spec = wgrad = x_bwd = None
     if need_dw:
-        xq, sp = plan.xq, ctx.sp
-        x_bwd = (1, xq[0], xq[1], plan.src_shape, dev, 0, sp)
-        if ctx.fuse:
-            dw, dw_spec, wgrad = wgrad_target(c, True, ctx.weight, plan.w_shape, ctx.w_dtype, dev, device)
-        else:
-            dw = _empty(plan.w_shape, dtype=ctx.w_dtype, device=device)
-            dw_spec = (dw.data_ptr(), TE_DTYPE[ctx.w_dtype], plan.w_shape, dev)
+        xq = plan.xq
+        x_bwd = (1, xq[0], xq[1], plan.src_shape, dev, 0, ctx.sp)
+        dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, plan.w_shape, ctx.w_dtype, dev, device)
     _linear_bwd(
         g, spec(db) if need_db else None, x_bwd, ctx.w_bwd, dx_spec, gp.dgrad if need_dx else None,
-        dw_spec, wgrad if need_dw else None, stream,
+        dw_spec, wgrad, stream,
     )  # fmt: skip
     if tmp is not None:
         give_tmp(dev, stream, tmp)

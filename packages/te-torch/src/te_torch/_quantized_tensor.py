@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-_EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # tensors that are no subclass
 aten = torch.ops.aten
 
 
@@ -28,7 +28,7 @@ def is_eager(t: torch.Tensor) -> bool:
 
     Under torch.compile / export (and for fake or functional tensors) the registered
     ``torch.ops.te.*`` ops must be used instead."""
-    return type(t) in _EAGER_TYPES and not torch.compiler.is_compiling()
+    return type(t) in PLAIN_TYPES and not torch.compiler.is_compiling()
 
 
 class QuantizedTensor(torch.Tensor):
