@@ -9,6 +9,11 @@
 #   ci/gpu.sh tests [FILE...]     the GPU test files (default tests/gpu/test_*.py), TE_GPU_JOBS
 #                                 of them at a time (default 1; the GPU has room for several)
 #   ci/gpu.sh cpu                 the CPU suite, with the GPU hidden
+#
+# TE_GPU_WORKERS=N (needs pytest-xdist): the test files go to one pytest run of N worker
+# processes, which take tests from every file (TE_GPU_JOBS is then unused), and the CPU suite runs
+# on N workers too. With 14 workers on the H200 machine's 16 cores the torch and jax files ran ~6x
+# faster than file by file, the kernel files (CPU reference on large shapes) 2.5-4.5x.
 set -uo pipefail
 part=${1:-all}
 [ $# -gt 0 ] && shift
@@ -19,6 +24,13 @@ esac
 [ "$part" = tests ] || [ $# -eq 0 ] || { echo "ci/gpu.sh: only 'tests' takes files; got '$*'" >&2; exit 2; }
 parallel=${TE_GPU_JOBS:-1}
 [[ $parallel =~ ^[1-9][0-9]*$ ]] || { echo "ci/gpu.sh: TE_GPU_JOBS must be a positive integer; got '$parallel'" >&2; exit 2; }
+workers=${TE_GPU_WORKERS:-}
+xdist=()
+if [ -n "$workers" ]; then
+  [[ $workers =~ ^[1-9][0-9]*$ ]] || { echo "ci/gpu.sh: TE_GPU_WORKERS must be a positive integer; got '$workers'" >&2; exit 2; }
+  python3 -c 'import xdist' 2>/dev/null || { echo "ci/gpu.sh: TE_GPU_WORKERS needs pytest-xdist (pip install pytest-xdist; without a network, bring its and execnet's wheels)" >&2; exit 2; }
+  xdist=(-n "$workers")
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${TE_GPU_OUT:-${OUT:-/tmp/te-gpu-out}}
 step_seconds=${TE_GPU_STEP_SECONDS:-240}
@@ -70,24 +82,31 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
   files=("$@")
   [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_*.py)
   # Several jax processes on one GPU each take 75% of its memory unless told not to.
-  [ "$parallel" -gt 1 ] && export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  [ "$parallel" -gt 1 ] || [ -n "$workers" ] && export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  present=()
   for t in "${files[@]}"; do
-    [ -f "$t" ] || { echo "ci/gpu.sh: no test file '$t'"; status=1; continue; }
-    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
-    step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5 &
+    if [ -f "$t" ]; then present+=("$t"); else echo "ci/gpu.sh: no test file '$t'"; status=1; fi
   done
-  wait
-  # Steps run in the background set status in their own shell: read their exit codes back.
-  for t in "${files[@]}"; do
-    rc_file="$out/$(basename "$t" .py).rc"
-    [ -f "$rc_file" ] && [ "$(cat "$rc_file")" = 0 ] || status=1
-  done
+  if [ -n "$workers" ]; then
+    [ ${#present[@]} -eq 0 ] || step gpu_tests python3 -m pytest "${xdist[@]}" -ra -q "${present[@]}" -p no:cacheprovider --durations=10
+  else
+    for t in "${present[@]}"; do
+      while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+      step "$(basename "$t" .py)" python3 -m pytest -ra -q "$t" -p no:cacheprovider --durations=5 &
+    done
+    wait
+    # Steps run in the background set status in their own shell: read their exit codes back.
+    for t in "${present[@]}"; do
+      rc_file="$out/$(basename "$t" .py).rc"
+      [ -f "$rc_file" ] && [ "$(cat "$rc_file")" = 0 ] || status=1
+    done
+  fi
 fi
 
 if [ "$part" = all ] || [ "$part" = cpu ]; then
   # The CPU suite with the GPU hidden: its tests build modules on the default device and feed them
   # CPU tensors, and with a GPU visible te's modules default to CUDA (the GPU paths are tests/gpu's).
   step_seconds=$(( step_seconds > 600 ? step_seconds : 600 ))  # ~4 min there with 16 cores
-  step cpu_suite env CUDA_VISIBLE_DEVICES= python3 -m pytest -q tests/core tests/torch tests/jax tests/cpp tests/benchmarks -p no:cacheprovider
+  step cpu_suite env CUDA_VISIBLE_DEVICES= python3 -m pytest "${xdist[@]}" -q tests/core tests/torch tests/jax tests/cpp tests/benchmarks -p no:cacheprovider
 fi
 exit $status
