@@ -54,3 +54,46 @@ def test_workers_without_xdist_exit_2(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "TE_GPU_WORKERS needs pytest-xdist" in r.stderr
     assert not any(out.iterdir()), "it started the run"
+
+
+def _fake_tree(tmp_path: Path, pytest_rc: int) -> tuple[Path, Path, dict]:
+    """A copy of ci/gpu.sh in a tree with two GPU test files, a build script that builds
+    nothing, and a python3 on PATH that logs its arguments (pytest's calls exit pytest_rc)."""
+    tree = tmp_path / "tree"
+    (tree / "ci").mkdir(parents=True)
+    (tree / "ci" / "gpu.sh").write_text(SCRIPT.read_text())
+    (tree / "ci" / "dev_build.sh").write_text("echo built\n")
+    (tree / "tests" / "gpu").mkdir(parents=True)
+    for name in ("test_a.py", "test_b.py"):
+        (tree / "tests" / "gpu" / name).write_text("")
+    log = tmp_path / "python3.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(
+        f'#!/usr/bin/env bash\necho "$*" >> {log}\n[ "$1 $2" = "-m pytest" ] && exit {pytest_rc}\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TE_GPU_WORKERS": "3"}
+    return tree, log, env
+
+
+@pytest.mark.parametrize("pytest_rc", [0, 1], ids=["passing", "failing"])
+def test_workers_run_every_file_in_one_pytest_run(pytest_rc, tmp_path):
+    tree, log, env = _fake_tree(tmp_path, pytest_rc)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        ["bash", str(tree / "ci" / "gpu.sh"), "tests"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TE_GPU_OUT=str(out), **env),
+        timeout=60,
+        cwd=tree,
+    )
+    runs = [line for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    assert len(runs) == 1, runs
+    args = runs[0].split()
+    assert args[args.index("-n") + 1] == "3"
+    assert "tests/gpu/test_a.py" in args and "tests/gpu/test_b.py" in args
+    assert (out / "gpu_tests.rc").read_text().strip() == str(pytest_rc)
+    assert r.returncode == pytest_rc, r.stdout + r.stderr
