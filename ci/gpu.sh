@@ -11,9 +11,10 @@
 #   ci/gpu.sh cpu                 the CPU suite, with the GPU hidden
 #
 # TE_GPU_WORKERS=N (needs pytest-xdist): the test files go to one pytest run of N worker
-# processes, which take tests from every file (TE_GPU_JOBS is then unused), and the CPU suite runs
-# on N workers too. With 14 workers on the H200 machine's 16 cores the torch and jax files ran ~6x
-# faster than file by file, the kernel files (CPU reference on large shapes) 2.5-4.5x.
+# processes, which take tests from every file (TE_GPU_JOBS is then unused; the run is one step,
+# under TE_GPU_STEP_SECONDS), and the CPU suite runs on N workers too. With 14 workers on the H200
+# machine's 16 cores the torch and jax files ran ~6x faster than file by file, the kernel files
+# (CPU reference on large shapes) 2.5-4.5x.
 set -uo pipefail
 part=${1:-all}
 [ $# -gt 0 ] && shift

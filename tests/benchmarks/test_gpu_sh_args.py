@@ -74,13 +74,15 @@ def _fake_tree(tmp_path: Path, pytest_rc: int) -> tuple[Path, Path, dict]:
         f'#!/usr/bin/env bash\necho "$*" >> {log}\n[ "$1 $2" = "-m pytest" ] && exit {pytest_rc}\nexit 0\n'
     )
     fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TE_GPU_WORKERS": "3"}
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     return tree, log, env
 
 
 @pytest.mark.parametrize("pytest_rc", [0, 1], ids=["passing", "failing"])
-def test_workers_run_every_file_in_one_pytest_run(pytest_rc, tmp_path):
+@pytest.mark.parametrize("workers", ["3", ""], ids=["workers", "file by file"])
+def test_test_files_run_and_their_exit_status_is_kept(workers, pytest_rc, tmp_path):
     tree, log, env = _fake_tree(tmp_path, pytest_rc)
+    env.update(TE_GPU_WORKERS=workers, TE_GPU_JOBS="2")
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(tree / "ci" / "gpu.sh"), "tests"],
@@ -90,10 +92,17 @@ def test_workers_run_every_file_in_one_pytest_run(pytest_rc, tmp_path):
         timeout=60,
         cwd=tree,
     )
-    runs = [line for line in log.read_text().splitlines() if line.startswith("-m pytest")]
-    assert len(runs) == 1, runs
-    args = runs[0].split()
-    assert args[args.index("-n") + 1] == "3"
-    assert "tests/gpu/test_a.py" in args and "tests/gpu/test_b.py" in args
-    assert (out / "gpu_tests.rc").read_text().strip() == str(pytest_rc)
+    runs = [line.split() for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    if workers:  # one run over every file, on the workers
+        assert len(runs) == 1, runs
+        assert runs[0][runs[0].index("-n") + 1] == "3"
+        assert "tests/gpu/test_a.py" in runs[0] and "tests/gpu/test_b.py" in runs[0]
+        assert (out / "gpu_tests.rc").read_text().strip() == str(pytest_rc)
+    else:  # a run per file
+        assert sorted(a for run in runs for a in run if a.startswith("tests/")) == [
+            "tests/gpu/test_a.py",
+            "tests/gpu/test_b.py",
+        ]
+        assert all("-n" not in run for run in runs)
+        assert (out / "test_a.rc").read_text().strip() == str(pytest_rc)
     assert r.returncode == pytest_rc, r.stdout + r.stderr
