@@ -46,7 +46,7 @@ from te_torch._linear_step import (
     weight_plan,
     wgrad_target,
 )
-from te_torch._token_pad import pad_rows, say_once
+from te_torch._token_pad import padded_source
 
 _U8, _F32 = torch.uint8, TE_DTYPE[torch.float32]
 _empty = torch.empty
@@ -138,10 +138,7 @@ def forward(ctx, inp, ln_w, ln_b, weight, bias, c, first, fuse_wgrad: bool, norm
         remember(c, key, p)
     device = p.device
     rows, pad, sn = p.rows, p.pad, p.sn
-    src = inp
-    if pad:
-        say_once()
-        src = pad_rows(inp, pad, False)
+    src = padded_source(inp, pad) if pad else inp
     lr, lc = p.xr, p.xc
     w_plan = p.w if fresh else weight_plan(c, weight, first, need_dln, dev)
     _, wr, wc, keep = w_plan

@@ -57,7 +57,7 @@ from te_torch._linear_step import (
     wgrad_target,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
-from te_torch._token_pad import pad_rows, say_once, step_pad
+from te_torch._token_pad import padded_source, step_pad
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -145,10 +145,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     p = c1.plans.get(key) or mlp_plan(c1, c2, key, inp, w1, w2, b1, b2, cfg, needs, fresh)
     device = p.device
     rows, pad = p.rows, p.pad
-    src = inp
-    if pad:
-        say_once()
-        src = pad_rows(inp, pad, False)
+    src = padded_source(inp, pad) if pad else inp
     lr, lc, ar, ac = p.lr, p.lc, p.ar, p.ac
     if fresh:
         plan1, plan2 = p.w1, p.w2

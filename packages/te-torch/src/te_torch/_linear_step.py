@@ -31,7 +31,7 @@ from te_torch._fp8_io import grad_operand
 from te_torch._high_precision import main_grad_of
 from te_torch._kernels import _raw_stream, gemm_config, give_tmp, packed, spec, take_tmp
 from te_torch._quantized_tensor import PLAIN_TYPES, QuantizedTensor
-from te_torch._token_pad import pad_rows, say_once, step_pad
+from te_torch._token_pad import pad_rows, padded_source, step_pad
 
 _U8 = torch.uint8
 _empty = torch.empty
@@ -228,10 +228,7 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     plan = c.plans.get(key) or remember(c, key, step_plan(c, inp, weight, need_dx, need_dw, fresh, bias))
     stream = _raw_stream(dev) if dev >= 0 else 0
     device = plan.device
-    src = inp
-    if plan.pad:
-        say_once()
-        src = pad_rows(inp, plan.pad, False)
+    src = padded_source(inp, plan.pad) if plan.pad else inp
     xr, xc = plan.xr, plan.xc
     w_plan = plan.w if fresh else weight_plan(c, weight, first, need_dx, dev)
     _, wr, wc, keep = w_plan

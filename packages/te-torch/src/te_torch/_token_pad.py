@@ -60,6 +60,13 @@ def step_pad(inp: torch.Tensor, per_tensor: bool, need_wgrad: bool) -> int:
     return -(inp.numel() // inp.shape[-1]) % ALIGN if per_tensor and need_wgrad and inp.shape[-1] else 0
 
 
+def padded_source(inp: torch.Tensor, count: int) -> torch.Tensor:
+    """A fused step's source: ``inp`` with ``count`` (step_pad's, non-zero) copies of its last row
+    appended, logged once (say_once)."""
+    say_once()
+    return pad_rows(inp, count, False)
+
+
 def say_once() -> None:
     """Logs, once per process, at INFO, that a token count is being padded."""
     global _told
