@@ -221,7 +221,7 @@ class FP8Context:
         self.delayed = recipe.delayed()
         self.per_tensor = self.delayed or recipe.float8_current_scaling()
         self.weight_cache = self.weight_operand_cache = None
-        self.plans = {}  # te.Linear's eager steps (_linear_step.StepPlan), by kind of call
+        self.plans = {}  # the fused eager steps' StepPlan / LnLinearPlan / MlpPlan, by kind of call
         self.fwd_key = self.bwd_key = self.fwd_entry = self.bwd_entry = None
         self.block = 0
         _reject_unimplemented(recipe, owner)
