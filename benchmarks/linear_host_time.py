@@ -11,6 +11,10 @@ alike):
           step costs the host, not counting the time a busy shared host takes the CPU away
   synced  a synchronize after every step: host time plus the GPU's tail of each step
 
+``--zero-grad``: every row's step ends by setting its gradients to None (the parameters' and the
+input's), as ``optimizer.zero_grad()`` does in a training loop; without it they accumulate from
+step to step, and torch's AccumulateGrad launches an add per gradient on both sides.
+
 ``--inference``: each row's forward alone under torch.no_grad() (decoding, where a step is a few
 tokens; try ``--m 15``: te pads no token count without a weight gradient), the CUDA-graph rows
 left out.
@@ -74,6 +78,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--inference", action="store_true", help="forward only, under torch.no_grad()")
+    p.add_argument("--zero-grad", action="store_true", help="gradients set to None after every step")
     p.add_argument(
         "--profile",
         default=None,
@@ -93,11 +98,16 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
+    def clear(module):
+        if a.zero_grad:
+            module.weight.grad = module.bias.grad = x.grad = None
+
     def torch_step():
         if a.inference:
             with torch.no_grad():
                 return ref(x)
         ref(x).backward(dy)
+        clear(ref)
 
     def te_fp8(recipe):
         # A module of its own per recipe: a module's scaling state is built for the recipe it
@@ -114,6 +124,7 @@ def main() -> None:
                 y = mod(x)
             if not a.inference:
                 y.backward(dy)
+                clear(mod)
 
         return step
 
@@ -127,6 +138,7 @@ def main() -> None:
 
         def step():
             g(x).backward(dy)
+            clear(mod)
 
         return step
 
@@ -135,6 +147,7 @@ def main() -> None:
             with torch.no_grad():
                 return m(x)
         m(x).backward(dy)
+        clear(m)
 
     w = m.weight.detach()
     xd = x.detach()
@@ -159,7 +172,7 @@ def main() -> None:
     base = res[rows[0][0]]
     print(
         f"{a.device}, {torch.get_num_threads()} CPU threads, {a.dtype} {a.m}x{a.k} -> {a.n}"
-        f"{', inference' if a.inference else ''}; "
+        f"{', inference' if a.inference else ''}{', grads set to None each step' if a.zero_grad else ''}; "
         f"medians over {a.rounds} rounds of {a.steps} steps per row"
     )
     print(f"  {'':45s}" + "".join(f" {k + ' us':>10s} {'x torch':>8s}" for k in FIGURES))
@@ -178,6 +191,7 @@ def main() -> None:
                     "dtype": a.dtype,
                     "shape": [a.m, a.k, a.n],
                     "inference": a.inference,
+                    "zero_grad": a.zero_grad,
                     "rows": table,
                 },
                 f,
