@@ -60,7 +60,7 @@ int multiprocessors() {
 constexpr int kBlockK = 128;
 
 template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2,
-          bool kPermutedScales_ = false, bool kPerTensor_ = false>
+          bool kPermutedScales_ = false, bool kPerTensor_ = false, bool kPingPong_ = false>
 struct Tile {
   // Per-tensor scales (delayed / current scaling) with fast accumulation, as te_gemm asks
   // cuBLASLt for fprop: the tensor core accumulates the whole K, the two scales multiply alpha
@@ -70,13 +70,21 @@ struct Tile {
   // copies, dGELU in dgrad) would have to do to pay.
   static constexpr bool kPerTensor = kPerTensor_;
   static_assert(!(kPerTensor && kPermutedScales_), "per-tensor: no scale tables to permute");
+  // Ping-pong (per-tensor only): each consumer warpgroup owns whole 64-row tiles, the CTA's tiles
+  // alternating between them, so one warpgroup's epilogue runs while the other's mainloop keeps
+  // the tensor core busy (else the tensor core idles through every tile's stores). The stage
+  // ring is filled in tile order, so the two mainloops follow each other without a barrier.
+  static constexpr bool kPingPong = kPingPong_;
+  static_assert(!kPingPong || (kPerTensor && kConsumers_ == 2 && !kTakeTurns_), "ping-pong");
   // Column scales written into shared memory by a warp of the producer warpgroup, permuted so a
   // consumer thread reads the four it needs for two column groups as one float4 (half the shared
   // loads of reading them in place, two per float2); else bulk-copied in place.
   static constexpr bool kPermutedScales = kPermutedScales_;
   // Consumer warpgroups of 64 rows each (2 or 3), and the registers setmaxnreg gives each of
   // their threads: a scheduler holds one producer warp (40) and one warp of each consumer.
-  static constexpr int kConsumers = kConsumers_, kBlockM = 64 * kConsumers;
+  static constexpr int kConsumers = kConsumers_, kBlockM = kPingPong ? 64 : 64 * kConsumers;
+  // Warps that release a stage: those of every consumer warpgroup, or (ping-pong) of its owner.
+  static constexpr int kStageReaders = kPingPong ? 4 : 4 * kConsumers;
   static constexpr int kConsumerThreads = 128 * kConsumers, kThreads = kConsumerThreads + 128;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 152;
   static_assert(40 + kConsumers * kConsumerRegs <= 512, "registers per scheduler lane");
@@ -334,7 +342,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       bar_init(full + 8 * s, Cfg::kPermutedScales ? 33 : 1);  // + the scale warp's 32 lanes
-      bar_init(empty + 8 * s, kConsumerThreads / 32);
+      bar_init(empty + 8 * s, Cfg::kStageReaders);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -403,7 +411,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // 8 (i / 4) + 2 (lane % 4) + i % 2, for warp w of the warpgroup.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
   const int g = warp / 4;
-  const int row0 = 64 * g + 16 * (warp % 4) + lane / 4;
+  const int row0 = (Cfg::kPingPong ? 0 : 64 * g) + 16 * (warp % 4) + lane / 4;
+  const uint32_t a_rows = Cfg::kPingPong ? 0 : 64 * g * kBlockK;  // this warpgroup's A rows
   const int col0 = 2 * (lane % 4);
   float part[kWgmmaN / 2];
 #pragma unroll
@@ -413,19 +422,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int my_turn = 1 + g, next_turn = 1 + (g + 1) % Cfg::kConsumers;
   if (Cfg::kTakeTurns && g == Cfg::kConsumers - 1) named_arrive(1);
   int it = 0;
-  for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+  const int tile_step = Cfg::kPingPong ? 2 * gridDim.x : gridDim.x;
+  for (int tile = blockIdx.x + (Cfg::kPingPong ? g * gridDim.x : 0); tile < p.tiles;
+       tile += tile_step) {
     const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
     const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+    // ping-pong: the ring position of this tile's first slice (the producer walks every tile)
+    const int local = (tile - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
+    if (Cfg::kPingPong) it = local * k_blocks;
     float acc[kBlockN / 2];
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
     if constexpr (Cfg::kPerTensor) {
       // Each K slice is one batch into acc itself; waiting for all but the newest batch frees the
       // slice before it, so the tensor core always has the next batch queued.
+      // Ping-pong: a warpgroup starts a mainloop once the other has issued its previous one
+      // (named barrier 1 + g): a stage's mbarrier is waited on by parity, which tells only
+      // adjacent phases apart, so no warpgroup may wait on a slice more than one trip of the ring
+      // ahead of the producer.
+      if (Cfg::kPingPong && local > 0) named_sync(1 + g);
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
         const int s = it % kStages;
         bar_wait(full + 8 * s, (it / kStages) & 1);
-        const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
+        const uint32_t a_tile = base + s * Cfg::kStageBytes + a_rows;
         const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -441,6 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         __syncwarp();
         if (kb > 0 && lane == 0) bar_arrive(empty + 8 * ((it - 1) % kStages));
       }
+      if (Cfg::kPingPong) named_arrive(2 - g);
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       pin(acc);
       __syncwarp();
@@ -449,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int kb = 0; kb < (Cfg::kPerTensor ? 0 : k_blocks); ++kb, ++it) {
       const int s = it % kStages;
       bar_wait(full + 8 * s, (it / kStages) & 1);
-      const uint32_t a_tile = base + s * Cfg::kStageBytes + 64 * g * kBlockK;
+      const uint32_t a_tile = base + s * Cfg::kStageBytes + a_rows;
       const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
       const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
       const float* sb = sa + kBlockM;
@@ -504,6 +524,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   if (Cfg::kTakeTurns && g == 0) named_sync(1);  // the last warpgroup's last opening
+  if (Cfg::kPingPong && static_cast<int>(blockIdx.x) < p.tiles) {
+    // the other warpgroup's opening after its last mainloop, which nothing here waited for
+    const int tiles = (p.tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+    if (tiles % 2 == g) named_sync(1 + g);
+  }
 #endif  // TE_SM90A_DEVICE
 }
 
@@ -586,7 +611,8 @@ using WideTurnsPermuted = Tile<128, 2, 4, true, 2, true>;
 using TallTurnsPermuted = Tile<128, 1, 5, true, 3, true>;
 using TensorWide = Tile<128, 2, 4, false, 2, false, true>;
 using TensorNarrow = Tile<192, 1, 5, false, 2, false, true>;
-using TensorTall = Tile<128, 1, 6, false, 3, false, true>;
+using TensorTall = Tile<128, 1, 5, false, 3, false, true>;
+using TensorPingPong = Tile<128, 2, 5, false, 2, false, true, true>;  // 64 x 256 per warpgroup
 
 }  // namespace probe
 }  // namespace cuda
@@ -618,8 +644,8 @@ void check(cudaError_t e, const char* what) {
 const char* const kVariants[] = {
     "wide",          "wide-per-tile",        "narrow",        "wide-turns", "narrow-turns",
     "tall",          "tall-turns",           "wide-turns-perm", "tall-turns-perm",
-    "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall"};
-constexpr int kVariantCount = 13;
+    "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall", "tensor-pingpong"};
+constexpr int kVariantCount = 14;
 constexpr int kFirstPerTensor = 9;  // variants from here on take per-tensor scales
 
 bool per_tensor(int variant) { return variant >= kFirstPerTensor; }
@@ -648,7 +674,8 @@ void run_variant(const GemmArgs& g, int v) {
     case 9: pr::launch_typed<kE4m3, kE4m3, pr::TensorWide>(g, nullptr, true); break;
     case 10: pr::launch_typed<kE4m3, kE4m3, pr::TensorWide>(g, nullptr, false); break;
     case 11: pr::launch_typed<kE4m3, kE4m3, pr::TensorNarrow>(g, nullptr, true); break;
-    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorTall>(g, nullptr, true); break;
+    case 12: pr::launch_typed<kE4m3, kE4m3, pr::TensorTall>(g, nullptr, true); break;
+    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPong>(g, nullptr, true); break;
   }
 }
 
