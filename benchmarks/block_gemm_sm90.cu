@@ -770,6 +770,7 @@ const char* const kVariants[] = {
     "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall", "tensor-pingpong"};
 constexpr int kVariantCount = 14;
 constexpr int kFirstPerTensor = 9;  // variants from here on take per-tensor scales
+constexpr int kTensorPingPong = 13;  // "tensor-pingpong", the fused gelu epilogue's own mainloop
 
 bool per_tensor(int variant) { return variant >= kFirstPerTensor; }
 
@@ -912,6 +913,23 @@ struct Problem {
   }
 };
 
+// The naive product of x's operands (reference_kernel) and the sums of its terms' magnitudes, on
+// the host.
+void reference_product(const Problem& x, std::vector<float>& out, std::vector<float>& abs_sum) {
+  const int64_t count = x.m * x.n;
+  float *ref, *mag;
+  check(cudaMalloc(&ref, count * 4), "cudaMalloc");
+  check(cudaMalloc(&mag, count * 4), "cudaMalloc");
+  reference_kernel<<<dim3(static_cast<unsigned>((x.n + 127) / 128), static_cast<unsigned>(x.m)), 128>>>(
+      x.a, x.b, x.sa, x.sb, x.sa_ld, x.sb_ld, x.m, x.n, x.k, x.a_e4m3, x.b_e4m3, ref, mag);
+  out.resize(count);
+  abs_sum.resize(count);
+  check(cudaMemcpy(out.data(), ref, count * 4, cudaMemcpyDeviceToHost), "reference");
+  check(cudaMemcpy(abs_sum.data(), mag, count * 4, cudaMemcpyDeviceToHost), "reference");
+  cudaFree(ref);
+  cudaFree(mag);
+}
+
 template <typename T>
 void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
   cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
@@ -996,16 +1014,8 @@ float host_value(const std::vector<uint8_t>& buf, int64_t i, int32_t dtype) {
 int check_variant(int64_t m, int64_t n, int64_t k, bool a_e4m3, bool b_e4m3, int32_t d_dtype,
                   float alpha, float beta, int variant) {
   Problem x(m, n, k, a_e4m3, b_e4m3, false, per_tensor(variant));
-  float *ref, *mag;
-  check(cudaMalloc(&ref, m * n * 4), "cudaMalloc");
-  check(cudaMalloc(&mag, m * n * 4), "cudaMalloc");
-  reference_kernel<<<dim3(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(m)), 128>>>(
-      x.a, x.b, x.sa, x.sb, x.sa_ld, x.sb_ld, m, n, k, a_e4m3, b_e4m3, ref, mag);
-  std::vector<float> want_acc(m * n), want_mag(m * n);
-  check(cudaMemcpy(want_acc.data(), ref, m * n * 4, cudaMemcpyDeviceToHost), "reference");
-  check(cudaMemcpy(want_mag.data(), mag, m * n * 4, cudaMemcpyDeviceToHost), "reference");
-  cudaFree(ref);
-  cudaFree(mag);
+  std::vector<float> want_acc, want_mag;
+  reference_product(x, want_acc, want_mag);
   const int esize = d_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
   std::vector<uint8_t> old(m * n * esize), out(m * n * esize);
   for (size_t i = 0; i < old.size(); ++i) old[i] = static_cast<uint8_t>((i * 7 + 3) & 0x3F);
@@ -1049,15 +1059,22 @@ int check_variant(int64_t m, int64_t n, int64_t k, bool a_e4m3, bool b_e4m3, int
 
 // ---- timing against cuBLASLt -------------------------------------------------------------------
 
-void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, int iters,
-                  int rounds, int variant) {
-  Problem x(m, n, k, true, true, true, per_tensor(variant));
-  const GemmArgs g = x.args(d_dtype, 1.0f, beta);
-  Cublaslt lt(x, d_dtype);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  auto time = [&](auto&& call) {
+// Milliseconds per call of `call` over `iters` calls after two warm-up calls, by CUDA events.
+struct EventTimer {
+  cudaEvent_t start{}, stop{};
+  int iters;
+  explicit EventTimer(int iters_) : iters(iters_) {
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  template <typename F>
+  float operator()(F&& call) {
     for (int i = 0; i < 2; ++i) call();
     cudaEventRecord(start);
     for (int i = 0; i < iters; ++i) call();
@@ -1066,7 +1083,15 @@ void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, 
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
     return ms / static_cast<float>(iters);
-  };
+  }
+};
+
+void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, int iters,
+                  int rounds, int variant) {
+  Problem x(m, n, k, true, true, true, per_tensor(variant));
+  const GemmArgs g = x.args(d_dtype, 1.0f, beta);
+  Cublaslt lt(x, d_dtype);
+  EventTimer time(iters);
   std::vector<float> own_ms, lt_ms, ratios;
   for (int r = 0; r < rounds; ++r) {  // alternating: the H200's clock follows its recent load
     const float own = time([&] { run_variant(g, variant); });
@@ -1086,8 +1111,6 @@ void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, 
       kVariants[variant], static_cast<long long>(m), static_cast<long long>(n),
       static_cast<long long>(k), d_dtype, beta, own_ms[mid], tflop / own_ms[mid] * 1e3,
       lt_ms[mid], tflop / lt_ms[mid] * 1e3, ratios[mid], ratios.front(), ratios.back());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 // ---- the fused gelu epilogue (TensorPingPongGelu) ---------------------------------------------
@@ -1147,11 +1170,8 @@ void run_gelu(const Problem& x, const GeluBuffers& gb) {
 int check_gelu(int64_t m, int64_t n, int64_t k) {
   Problem x(m, n, k, true, true, true, true);
   GeluBuffers gb(m, n);
-  float *ref, *mag;
-  check(cudaMalloc(&ref, m * n * 4), "cudaMalloc");
-  check(cudaMalloc(&mag, m * n * 4), "cudaMalloc");
-  reference_kernel<<<dim3(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(m)), 128>>>(
-      x.a, x.b, x.sa, x.sb, x.sa_ld, x.sb_ld, m, n, k, true, true, ref, mag);
+  std::vector<float> want, want_mag;
+  reference_product(x, want, want_mag);
   check(cudaMemset(gb.amax, 0, 4), "cudaMemset");
   run_gelu(x, gb);
   check(cudaDeviceSynchronize(), "the fused product");
@@ -1163,11 +1183,9 @@ int check_gelu(int64_t m, int64_t n, int64_t k) {
   gelu_reference_kernel<<<static_cast<unsigned>((m * n + 255) / 256), 256>>>(
       static_cast<const __nv_bfloat16*>(x.d), m * n, gb.scale, q_want, amax_want);
   check(cudaDeviceSynchronize(), "the gelu reference");
-  std::vector<float> want(m * n), bias_f(n);
   std::vector<__nv_bfloat16> h(m * n), hb(n);
   std::vector<uint8_t> q_row(m * n), q_col(m * n), q_ref(m * n);
   float amax = 0, amax_ref = 0;
-  check(cudaMemcpy(want.data(), ref, m * n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaMemcpy(h.data(), x.d, m * n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaMemcpy(hb.data(), gb.bias, n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaMemcpy(q_row.data(), gb.q_row, m * n, cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -1175,8 +1193,6 @@ int check_gelu(int64_t m, int64_t n, int64_t k) {
   check(cudaMemcpy(q_ref.data(), q_want, m * n, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaMemcpy(&amax, gb.amax, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
   check(cudaMemcpy(&amax_ref, amax_want, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cudaFree(ref);
-  cudaFree(mag);
   cudaFree(q_want);
   cudaFree(amax_want);
   double num = 0, den = 0;
@@ -1211,24 +1227,11 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
   GeluBuffers gb(m, n);
   const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
   Cublaslt lt(x, TE_DTYPE_BFLOAT16);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  auto time = [&](auto&& call) {
-    for (int i = 0; i < 2; ++i) call();
-    cudaEventRecord(start);
-    for (int i = 0; i < iters; ++i) call();
-    cudaEventRecord(stop);
-    check(cudaEventSynchronize(stop), "timing");
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    return ms / static_cast<float>(iters);
-  };
-  constexpr int kPingPong = 13;  // kVariants' "tensor-pingpong"
+  EventTimer time(iters);
   std::vector<float> fused, plain, theirs;
   for (int r = 0; r < rounds; ++r) {
     fused.push_back(time([&] { run_gelu(x, gb); }));
-    plain.push_back(time([&] { run_variant(g, kPingPong); }));
+    plain.push_back(time([&] { run_variant(g, kTensorPingPong); }));
     theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
   }
   for (auto* v : {&fused, &plain, &theirs}) std::sort(v->begin(), v->end());
@@ -1238,8 +1241,6 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
       "cuBLASLt D only %.3f ms (medians of %d rounds)\n",
       static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), fused[mid],
       plain[mid], theirs[mid], rounds);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 }  // namespace
