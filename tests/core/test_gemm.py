@@ -779,12 +779,12 @@ def test_error_fp8_output_rules():
         ValueError,
         re.escape(
             "d->rowwise_data.dtype: expected float32, float16 or bfloat16 with "
-            "epilogue GELU_AUX, got float8_e4m3"
+            "epilogue DGELU, got float8_e4m3"
         ),
         qa.descriptor(),
         qb.descriptor(),
         d,
-        config=_C.GemmConfig(trans_b=True, epilogue=E.GELU_AUX, aux=tensor(aux)),
+        config=_C.GemmConfig(trans_b=True, epilogue=E.DGELU, aux=tensor(aux)),
     )
     assert (keep[0] == DATA_SENTINEL).all()
     hp_d = np.zeros((8, 4), np.float32)

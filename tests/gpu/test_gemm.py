@@ -416,6 +416,84 @@ def test_fp8_bias_bf16():
     assert_close(gpu["d"], cpu["d"], 1e-2, "fp8 + bf16 bias")
 
 
+# ---- GELU_AUX with an FP8 output (an MLP's FC1 writing FC2's quantized input) -----------------
+
+
+def run_gelu_fp8(device, A, B, m, n, bias, aux_dtype, out_fmt, amax_init):
+    """te_gemm GELU_AUX into aux and an FP8 D with both copies on `device`; CPU copies back."""
+    torch = _torch()
+    e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
+    t = {
+        "aux": torch.full((m, n), float("nan"), dtype=aux_dtype, device=device),
+        "row": torch.full((m, n), POISON_BYTE, dtype=torch.uint8, device=device),
+        "col": torch.full((n, m), POISON_BYTE, dtype=torch.uint8, device=device),
+        "row_sinv": torch.full((1,), float("nan"), device=device),
+        "col_sinv": torch.full((1,), float("nan"), device=device),
+        "amax": torch.full((1,), amax_init, device=device),
+        "scale": torch.tensor([fp8_out_scale], device=device),
+    }
+    dq = _C.QuantizedTensor(
+        int(M.PER_TENSOR),
+        rowwise_data=desc(t["row"], e),
+        rowwise_scale_inv=desc(t["row_sinv"]),
+        columnwise_data=desc(t["col"], e),
+        columnwise_scale_inv=desc(t["col_sinv"]),
+        amax=desc(t["amax"]),
+        scale=desc(t["scale"]),
+    )
+    b = bias.to(device) if bias is not None else None
+    cfg = _C.GemmConfig(
+        trans_b=True, epilogue=int(E.GELU_AUX), aux=desc(t["aux"]), bias=None if b is None else desc(b)
+    )
+    _C.gemm(A.on(device), B.on(device), dq, cfg, stream() if device == "cuda" else 0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return {k: v.cpu() for k, v in t.items()}
+
+
+@pytest.mark.parametrize("amax_init", [0.0, 1e30], ids=["fresh_slot", "larger_amax_kept"])
+@pytest.mark.parametrize("out_fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("aux_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize(
+    "shape", [(16, 16, 16), (200, 144, 272), (1000, 1040, 512), (64, 4096, 1024)], ids=str
+)
+def test_fp8_gelu_output(shape, with_bias, aux_dtype, out_fmt, amax_init):
+    """aux against the CPU backend's; D's copies against te_activation_fwd of the GPU's own aux on
+    the CPU (one FP8 ulp: the activation's exp and divide are the backend's), the column-wise copy
+    the row-wise one transposed, both scale_inv exact, amax max-accumulated."""
+    torch = _torch()
+    m, n, k = shape
+    a, b = sources(m, n, k, *FPROP, ("gelu_fp8", shape))
+    A, B = fp8_operand(a), fp8_operand(b)
+    adt = getattr(torch, aux_dtype)
+    bias = randn((n,), ("gelu_fp8_bias", shape), aux_dtype) if with_bias else None
+    cpu = run_gelu_fp8("cpu", A, B, m, n, bias, adt, out_fmt, amax_init)
+    gpu = run_gelu_fp8("cuda", A, B, m, n, bias, adt, out_fmt, amax_init)
+    assert_close(gpu["aux"], cpu["aux"], 1e-2, "aux")
+    # te_activation_fwd of the GPU's aux on the CPU: what D must hold
+    e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
+    row = torch.full((m, n), POISON_BYTE, dtype=torch.uint8)
+    amax = torch.full((1,), amax_init)
+    sinv, scale = torch.zeros(1), torch.tensor([fp8_out_scale])
+    ref = _C.QuantizedTensor(
+        int(M.PER_TENSOR),
+        rowwise_data=desc(row, e),
+        rowwise_scale_inv=desc(sinv),
+        amax=desc(amax),
+        scale=desc(scale),
+    )
+    _C.activation_fwd(desc(gpu["aux"]), ref, int(_C.Activation.GELU), _C.QuantConfig())
+    assert_fp8_close(gpu["row"], row, f"gelu fp8 {out_fmt} rowwise")
+    assert torch.equal(gpu["col"], gpu["row"].t().contiguous()), "columnwise is not rowwise transposed"
+    want_sinv = torch.tensor(1 / fp8_out_scale).item()
+    assert gpu["row_sinv"].item() == gpu["col_sinv"].item() == cpu["row_sinv"].item() == want_sinv
+    if amax_init:
+        assert gpu["amax"].item() == torch.tensor(amax_init).item()
+    else:
+        assert abs(gpu["amax"].item() - amax.item()) <= 1e-5 * amax.item()
+
+
 # ---- FP8 block scaling (1x128 x 128x128, 1x128 x 1x128) ----------------------------------------
 
 BLOCK_SHAPES = [(128, 128, 128), (48, 80, 128), (256, 384, 640)]

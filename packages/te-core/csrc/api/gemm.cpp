@@ -11,19 +11,22 @@
 //   - with an FP8 output, bias / bias_grad may be bf16 or fp32 ("the output's dtype" has no FP8
 //     meaning here);
 //   - epilogue tensors that the chosen epilogue does not use must be absent, as must the output's
-//     column-wise copy and, for a high-precision output, its scale, amax and scale_inv.
+//     column-wise copy (except with GELU_AUX and an FP8 output) and, for a high-precision output,
+//     its scale, amax and scale_inv.
 #include "te/gemm.h"
 
 #include <cmath>
 #include <string>
 
 #include "api/quantize_mx.h"
+#include "api/quantize_output.h"
 #include "common/error.h"
 #include "common/kernels.h"
 #include "common/kernels_mx.h"
 #include "common/layout.h"
 #include "common/log.h"
 #include "common/validate.h"
+#include "te/activation.h"
 
 namespace te {
 namespace {
@@ -298,6 +301,41 @@ void check_matrix(const te_tensor& t, const std::string& name, int64_t m, int64_
                shape_string(t.shape, t.ndim));
 }
 
+// GELU_AUX with an FP8 output: `args` as validated (aux, bias and the operands checked), d's copies
+// planned exactly as te_activation_fwd plans its output (delayed scaling: d->scale read, d->amax
+// max-accumulated), then the backend runs the GEMM into aux and the activation into d. aux is
+// written and then read while d is written: it may overlap neither d's copies nor the operands.
+void gemm_gelu_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor* d_desc,
+                   const Operand& a, const Operand& b, const te_device& device,
+                   const std::string& device_name, void* stream) {
+  check_no_overlap(*a.data, a.data_name, cfg.aux, "config->aux");
+  check_no_overlap(*b.data, b.data_name, cfg.aux, "config->aux");
+  check_no_overlap(cfg.aux, "config->aux", d_desc->rowwise_data, "d->rowwise_data");
+  if (present(d_desc->columnwise_data)) {
+    check_tensor(d_desc->columnwise_data, "d->columnwise_data");
+    check_no_overlap(cfg.aux, "config->aux", d_desc->columnwise_data, "d->columnwise_data");
+    check_no_overlap(*a.data, a.data_name, d_desc->columnwise_data, "d->columnwise_data");
+    check_no_overlap(*b.data, b.data_name, d_desc->columnwise_data, "d->columnwise_data");
+  }
+  te_tensor result = d_desc->rowwise_data;  // the activation's [M, N] on the operands' device
+  result.data = cfg.aux.data;
+  result.dtype = cfg.aux.dtype;
+  ActivationFwdArgs act{};
+  act.out = plan_fused_output(result, d_desc, nullptr, "d", "config");
+  act.activation = TE_ACTIVATION_GELU;
+  act.input = cfg.aux.data;
+  act.in_dtype = cfg.aux.dtype;
+  act.rows = args.m;
+  act.cols = args.n;
+  act.in_cols = args.n;
+  args.d = cfg.aux.data;
+  args.d_dtype = cfg.aux.dtype;
+  args.epilogue = present(cfg.bias) ? TE_EPILOGUE_BIAS : TE_EPILOGUE_DEFAULT;
+  args.aux = nullptr;
+  dispatch(device, device_name, [&] { cpu::gemm_gelu(args, act, stream); },
+           [&] { cuda::gemm_gelu(args, act, stream); });
+}
+
 void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
           te_quantized_tensor* d_desc, const te_gemm_config* config, void* stream) {
   const te_gemm_config cfg = read_config(config);
@@ -336,10 +374,14 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   // D is written while A and B are read (cuBLASLt does not support D aliasing an operand).
   check_no_overlap(*a.data, a.data_name, d, "d->rowwise_data");
   check_no_overlap(*b.data, b.data_name, d, "d->rowwise_data");
-  TE_CHECK_ARG(!present(d_desc->columnwise_data),
-               "d->columnwise_data: expected NULL (te_gemm writes only the row-wise output), got "
-               "a buffer");
   const bool d_fp8 = is_fp8(d.dtype);
+  const int32_t ep = cfg.epilogue;
+  // The activation of FC1's output quantized for FC2 (te/gemm.h): the GEMM into aux, then
+  // te_activation_fwd's GELU of aux into d's copies.
+  const bool gelu_fp8 = d_fp8 && ep == TE_EPILOGUE_GELU_AUX;
+  TE_CHECK_ARG(!present(d_desc->columnwise_data) || gelu_fp8,
+               "d->columnwise_data: expected NULL (te_gemm writes a column-wise copy only with "
+               "epilogue GELU_AUX and an FP8 output), got a buffer");
   GemmArgs args{};
   if (d_fp8) {
     TE_CHECK_ARG(a_desc->scaling_mode == TE_SCALING_PER_TENSOR, "d->rowwise_data.dtype: "
@@ -347,6 +389,8 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
                  scaling_mode_name(a_desc->scaling_mode), "), got ", dtype_name(d.dtype));
     TE_CHECK_ARG(cfg.beta == 0.0f, "config->beta: expected 0 with an FP8 output (",
                  dtype_name(d.dtype), " cannot be accumulated into), got ", cfg.beta);
+  }
+  if (d_fp8 && !gelu_fp8) {  // gelu_fp8's output is te_activation_fwd's: planned below as there
     TE_CHECK_ARG(present(d_desc->scale), "d->scale: an FP8 output (", dtype_name(d.dtype),
                  ") needs the fp32 [1] scale to quantize with, got NULL");
     check_scalar(d_desc->scale, "d->scale", device, device_name);
@@ -357,7 +401,7 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
     args.d_scale = static_cast<const float*>(d_desc->scale.data);
     args.d_amax = static_cast<float*>(d_desc->amax.data);
     args.d_scale_inv = static_cast<float*>(d_desc->rowwise_scale_inv.data);
-  } else {
+  } else if (!d_fp8) {
     const char* parts[] = {"scale", "amax", "rowwise_scale_inv"};
     const te_tensor* tensors[] = {&d_desc->scale, &d_desc->amax, &d_desc->rowwise_scale_inv};
     for (int i = 0; i < 3; ++i) {
@@ -367,11 +411,34 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   }
 
   // Epilogue tensors.
-  const int32_t ep = cfg.epilogue;
   const bool wants_bias = ep == TE_EPILOGUE_BIAS || ep == TE_EPILOGUE_GELU_AUX;
   const bool wants_aux = ep == TE_EPILOGUE_GELU_AUX || ep == TE_EPILOGUE_DGELU;
   const bool wants_bgrad = ep == TE_EPILOGUE_BGRAD;
-  const int32_t side_dtype = d_fp8 ? TE_DTYPE_BFLOAT16 : d.dtype;  // bias / bias_grad besides fp32
+  if (present(cfg.aux)) {
+    TE_CHECK_ARG(wants_aux, "config->aux: expected NULL with epilogue ", epilogue_name(ep),
+                 " (aux is written by GELU_AUX and read by DGELU), got a buffer");
+  } else {
+    TE_CHECK_ARG(!wants_aux, "config->aux: epilogue ", epilogue_name(ep), " needs the [", m, ", ",
+                 n, "] aux (", ep == TE_EPILOGUE_GELU_AUX ? "written" : "read",
+                 ": the pre-activation), got NULL");
+  }
+  if (wants_aux) {
+    TE_CHECK_ARG(!d_fp8 || gelu_fp8, "d->rowwise_data.dtype: expected float32, float16 or "
+                 "bfloat16 with epilogue ", epilogue_name(ep), ", got ", dtype_name(d.dtype));
+    check_tensor(cfg.aux, "config->aux");
+    if (gelu_fp8) {
+      check_dtype(cfg.aux, "config->aux",
+                  {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
+    } else {
+      check_dtype(cfg.aux, "config->aux", {d.dtype});
+    }
+    check_same_device(cfg.aux, "config->aux", device, device_name);
+    check_matrix(cfg.aux, "config->aux", m, n, "[M, N], like the output");
+  }
+  // bias / bias_grad: this dtype or fp32. An FP8 output has no dtype of its own for them: the
+  // pre-activation's with GELU_AUX (the GEMM's own output), else bf16.
+  const int32_t side_dtype =
+      gelu_fp8 ? cfg.aux.dtype : (d_fp8 ? TE_DTYPE_BFLOAT16 : d.dtype);
   if (present(cfg.bias)) {
     TE_CHECK_ARG(wants_bias, "config->bias: expected NULL with epilogue ", epilogue_name(ep),
                  " (bias is read by BIAS and GELU_AUX), got a buffer");
@@ -382,22 +449,6 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   } else {
     TE_CHECK_ARG(ep != TE_EPILOGUE_BIAS, "config->bias: epilogue BIAS needs the [", n,
                  "] bias, got NULL");
-  }
-  if (present(cfg.aux)) {
-    TE_CHECK_ARG(wants_aux, "config->aux: expected NULL with epilogue ", epilogue_name(ep),
-                 " (aux is written by GELU_AUX and read by DGELU), got a buffer");
-  } else {
-    TE_CHECK_ARG(!wants_aux, "config->aux: epilogue ", epilogue_name(ep), " needs the [", m, ", ",
-                 n, "] aux (", ep == TE_EPILOGUE_GELU_AUX ? "written" : "read",
-                 ": the pre-activation), got NULL");
-  }
-  if (wants_aux) {
-    TE_CHECK_ARG(!d_fp8, "d->rowwise_data.dtype: expected float32, float16 or bfloat16 with "
-                 "epilogue ", epilogue_name(ep), ", got ", dtype_name(d.dtype));
-    check_tensor(cfg.aux, "config->aux");
-    check_dtype(cfg.aux, "config->aux", {d.dtype});
-    check_same_device(cfg.aux, "config->aux", device, device_name);
-    check_matrix(cfg.aux, "config->aux", m, n, "[M, N], like the output");
   }
   if (present(cfg.bias_grad)) {
     TE_CHECK_ARG(wants_bgrad, "config->bias_grad: expected NULL with epilogue ",
@@ -437,6 +488,10 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   args.split_accumulator = cfg.use_split_accumulator != 0;
   args.workspace = present(cfg.workspace) ? cfg.workspace.data : nullptr;
   args.workspace_bytes = present(cfg.workspace) ? cfg.workspace.shape[0] : 0;
+  if (gelu_fp8) {
+    gemm_gelu_fp8(args, cfg, d_desc, a, b, device, device_name, stream);
+    return;
+  }
   if (a.mx) {
     const std::string mode = scaling_mode_name(a.kernel.scaling_mode);
     dispatch(device, device_name,

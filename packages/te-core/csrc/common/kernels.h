@@ -220,6 +220,8 @@ struct DbiasQuantizeArgs {
                  int32_t elem_bytes, void* stream);                                             \
   void delayed_scaling_update(const DelayedScalingEntry* entries, int64_t count, void* stream); \
   void gemm(const GemmArgs& args, void* stream);                                                \
+  /* te_gemm's GELU_AUX with an FP8 output: the GEMM `g` into the pre-activation, then `act`   */ \
+  void gemm_gelu(const GemmArgs& g, const ActivationFwdArgs& act, void* stream);                \
   void norm_fwd(const NormFwdArgs& args, void* stream);                                         \
   void norm_bwd(const NormBwdArgs& args, void* stream);                                         \
   void activation_fwd(const ActivationFwdArgs& args, void* stream);                             \

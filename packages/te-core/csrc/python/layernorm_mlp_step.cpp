@@ -29,6 +29,18 @@ te_tensor activation_out(const te_tensor& h, int32_t activation) {
   return a;
 }
 
+// Whether FC1's GEMM writes act_out itself (te_gemm's GELU_AUX with an FP8 output, te/gemm.h):
+// gelu into a per-tensor copy under delayed scaling, whose scale is known before the GEMM runs.
+// The same bytes as the GEMM and te_activation_fwd, in one C call the backend may fuse.
+bool gelu_in_gemm(int32_t activation, const Operand& a) {
+  const te_quant_config* q = a.config;
+  const int32_t dt = a.q.rowwise_data.dtype;
+  return activation == TE_ACTIVATION_GELU && a.q.scaling_mode == TE_SCALING_PER_TENSOR &&
+         a.q.rowwise_data.data != nullptr &&
+         (dt == TE_DTYPE_FLOAT8_E4M3 || dt == TE_DTYPE_FLOAT8_E5M2) &&
+         (q == nullptr || (!q->compute_scale && !q->reset_amax));
+}
+
 }  // namespace
 
 void register_layernorm_mlp_step(py::module_& m) {
@@ -50,8 +62,17 @@ void register_layernorm_mlp_step(py::module_& m) {
         check(without_gil([&] {
           TE_TRY(norm_fwd(n, s));
           if (w1o.quantize) TE_TRY(te_quantize(&w1o.src, &w1o.q, w1o.config, s));
-          TE_TRY(gemm(only(n.out.q, true), only(w1o.q, true), ht, c1, b1t, s));
-          TE_TRY(te_activation_fwd(&ht, &a.q, activation, a.config, s));
+          if (gelu_in_gemm(activation, a)) {
+            te_gemm_config c = *c1;
+            c.epilogue = TE_EPILOGUE_GELU_AUX;
+            c.bias = b1t;
+            c.aux = ht;
+            const te_quantized_tensor x1 = only(n.out.q, true), w1r = only(w1o.q, true);
+            TE_TRY(te_gemm(&x1, &w1r, &a.q, &c, s));
+          } else {
+            TE_TRY(gemm(only(n.out.q, true), only(w1o.q, true), ht, c1, b1t, s));
+            TE_TRY(te_activation_fwd(&ht, &a.q, activation, a.config, s));
+          }
           if (w2o.quantize) TE_TRY(te_quantize(&w2o.src, &w2o.q, w2o.config, s));
           return gemm(rowwise_for(a.q, d), only(w2o.q, true), d, c2, b2t, s);
         }));
