@@ -124,6 +124,9 @@ struct Params {
   void* d;
   int32_t d_dtype;
   int tiles_n, tiles;
+  // The tiles' order (tile_origin): 0 row-major, else group_m row blocks at a time down each
+  // column block.
+  int group_m;
   // kGelu only: bias [n] (or null), gelu(h)'s FP8 E4M3 copies [m, n] and [n, m], the scale they
   // are quantized with [1], and the amax [1] they max-accumulate into.
   const __nv_bfloat16* bias;
@@ -145,6 +148,24 @@ struct GeluOut {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TE_SM90A_DEVICE 1
 #endif
+
+// Tile `tile`'s first row and column. Row-major, a wave of CTAs (two rows of 64 x 256 tiles per
+// SM in the ping-pong kernels) covers a few row blocks and every column block, so at 16384 x
+// 16384 x 4096 each wave reads all of B (64 MiB, more than the L2) from DRAM again. Grouped, a
+// wave covers group_m row blocks and a few column blocks, and B is read once per group.
+__device__ __forceinline__ void tile_origin(const Params& p, int tile, int block_m, int block_n,
+                                            int64_t& m0, int64_t& n0) {
+  int tm = tile / p.tiles_n, tn = tile % p.tiles_n;
+  if (p.group_m > 0) {
+    const int tiles_m = p.tiles / p.tiles_n, per_group = p.group_m * p.tiles_n;
+    const int first = tile / per_group * p.group_m;
+    const int rows = min(p.group_m, tiles_m - first), in = tile % per_group;
+    tm = first + in % rows;
+    tn = in / rows;
+  }
+  m0 = int64_t{tm} * block_m;
+  n0 = int64_t{tn} * block_n;
+}
 
 #ifdef TE_SM90A_DEVICE
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -453,8 +474,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // they feed rows and columns that are never stored.
       int it = 0;
       for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
-        const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
-        const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+        int64_t m0, n0;
+        tile_origin(p, tile, kBlockM, kBlockN, m0, n0);
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
           const int s = it % kStages;
           if (it >= kStages) bar_wait(empty + 8 * s, ((it / kStages) + 1) & 1);
@@ -475,8 +496,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (warp != kConsumerThreads / 32 || lane != 0) return;
     int it = 0;  // K slices issued so far, over all of this CTA's tiles
     for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
-      const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
-      const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+      int64_t m0, n0;
+      tile_origin(p, tile, kBlockM, kBlockN, m0, n0);
       // Scale rows are read up to the padded leading dimension (a multiple of 4 floats), so every
       // copy is whole 16-byte units inside the table; entries past M or N feed rows and columns
       // that are never stored.
@@ -523,8 +544,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tile_step = Cfg::kPingPong ? 2 * gridDim.x : gridDim.x;
   for (int tile = blockIdx.x + (Cfg::kPingPong ? g * gridDim.x : 0); tile < p.tiles;
        tile += tile_step) {
-    const int64_t m0 = int64_t{tile / p.tiles_n} * kBlockM;
-    const int64_t n0 = int64_t{tile % p.tiles_n} * kBlockN;
+    int64_t m0, n0;
+    tile_origin(p, tile, kBlockM, kBlockN, m0, n0);
     // ping-pong: the ring position of this tile's first slice (the producer walks every tile)
     const int local = (tile - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
     if (Cfg::kPingPong) it = local * k_blocks;
@@ -676,6 +697,9 @@ CUtensorMap operand_map(const void* data, int64_t rows, int64_t k, uint32_t box_
   return map;
 }
 
+// Params::group_m of the launches that follow (mode 2 times both orders).
+int g_group_m = 0;
+
 // persistent: one CTA per SM walking the tiles (else one CTA per tile).
 template <int TypeA, int TypeB, typename Cfg>
 void launch_typed(const GemmArgs& g, cudaStream_t stream, bool persistent,
@@ -693,7 +717,7 @@ void launch_typed(const GemmArgs& g, cudaStream_t stream, bool persistent,
   const CUtensorMap b = operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
   Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
            g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
-           tiles_m * tiles_n};
+           tiles_m * tiles_n, g_group_m};
   if (Cfg::kGelu) {
     if (gelu == nullptr || g.d_dtype != TE_DTYPE_BFLOAT16 || g.beta != 0.0f) {
       fail(TE_ERROR_INVALID_ARGUMENT, "probe: the gelu epilogue needs its outputs, a bf16 D, beta 0");
@@ -1106,9 +1130,9 @@ void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, 
   const double tflop = 2.0 * m * n * k / 1e12;
   const int mid = rounds / 2;
   std::printf(
-      "time %-20s M %5lld N %5lld K %5lld D %d beta %g: own %.3f ms (%.0f TFLOP/s), "
+      "time %-20s group %2d M %5lld N %5lld K %5lld D %d beta %g: own %.3f ms (%.0f TFLOP/s), "
       "cuBLASLt %.3f ms (%.0f), cuBLASLt / own median %.3fx [%.3f .. %.3f]\n",
-      kVariants[variant], static_cast<long long>(m), static_cast<long long>(n),
+      kVariants[variant], pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
       static_cast<long long>(k), d_dtype, beta, own_ms[mid], tflop / own_ms[mid] * 1e3,
       lt_ms[mid], tflop / lt_ms[mid] * 1e3, ratios[mid], ratios.front(), ratios.back());
 }
@@ -1237,9 +1261,9 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
   for (auto* v : {&fused, &plain, &theirs}) std::sort(v->begin(), v->end());
   const int mid = rounds / 2;
   std::printf(
-      "time gelu-epilogue M %5lld N %5lld K %5lld: fused %.3f ms, ping-pong D only %.3f ms, "
-      "cuBLASLt D only %.3f ms (medians of %d rounds)\n",
-      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), fused[mid],
+      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: fused %.3f ms, ping-pong D only "
+      "%.3f ms, cuBLASLt D only %.3f ms (medians of %d rounds)\n",
+      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), fused[mid],
       plain[mid], theirs[mid], rounds);
 }
 
@@ -1276,12 +1300,28 @@ int main(int argc, char** argv) {
     }
     for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2]);
     fails += check_gelu(1024, 768, 2048);
+    pr::g_group_m = 16;  // the grouped order: whole and partial groups of 64-row tiles
+    for (const int64_t m : {int64_t{2000}, int64_t{1500}, int64_t{37}}) {
+      for (int v = kFirstPerTensor; v < kVariantCount; ++v) {
+        fails += check_variant(m, 700, 256, true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f, v);
+      }
+      fails += check_gelu(m, 700, 256);
+    }
+    pr::g_group_m = 0;
     std::printf("failures: %d\n", fails);
     for (int v = kFirstPerTensor; v < kVariantCount; ++v) {
       time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
       time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
       time_variant(16384, 4096, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
     }
+    time_gelu(16384, 16384, 4096, iters, rounds);
+    for (const int group : {8, 16, 32}) {
+      pr::g_group_m = group;
+      time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPong);
+      time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPong);
+      time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, 9);
+    }
+    pr::g_group_m = 16;
     time_gelu(16384, 16384, 4096, iters, rounds);
     return fails;
   }
