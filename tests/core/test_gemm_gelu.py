@@ -1,9 +1,10 @@
-"""te_gemm's GELU_AUX epilogue with a per-tensor FP8 output (an MLP's FC1 writing FC2's quantized
-input) on the CPU backend. Its contract (te/gemm.h): aux is the pre-activation rounded to aux's
-dtype, and D is exactly te_activation_fwd(aux, GELU) under delayed scaling. Checked three ways:
-aux against the float64 product of the operands (NUMERICS.md's normwise tolerances), D's parts
-bit for bit against te_quantize of te's own fp32 gelu of that aux and against the oracle's
-quantization of it (_fused.check_quantized), and that gelu against the float64 formula."""
+"""te_gemm's GELU_AUX and DGELU epilogues with a per-tensor FP8 output (an MLP's FC1 writing FC2's
+quantized input; FC2's dgrad writing FC1's quantized gradient and its bias gradient) on the CPU
+backend. The contract (te/gemm.h): the product is rounded to aux's dtype, and D is exactly
+te_activation_fwd(aux) / te_activation_bwd(product, aux) under delayed scaling. Checked three
+ways: the product against the float64 one of the operands (NUMERICS.md's normwise tolerances),
+D's parts bit for bit against te_quantize of te's own fp32 activation and against the oracle's
+quantization of it (_fused.check_quantized), and te's activation against the float64 formula."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def dtype_id(t):
 def gelu64(x):
     x = np.asarray(x, np.float64)
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def dgelu64(x):
+    x = np.asarray(x, np.float64)
+    c = np.sqrt(2.0 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+def assert_product(got, x64, w64, alpha, b64, dtype, what):
+    """got = alpha x w^T (+ b), rounded to its dtype: normwise, relative to the terms' magnitudes
+    (the bias may cancel the product)."""
+    want = alpha * (x64 @ w64.T) + b64
+    scale = np.linalg.norm(alpha * (np.abs(x64) @ np.abs(w64).T) + np.abs(b64))
+    err = np.linalg.norm(got.astype(np.float64) - want)
+    assert err <= TOL[np.dtype(dtype)] * max(scale, 1e-30), (
+        f"{what}: normwise error {err / max(scale, 1e-30):.3g}"
+    )
 
 
 def operands(rng, m, n, k, fp8: bool):
@@ -89,19 +108,53 @@ def test_gelu_fp8_output(shape, fp8_operands, aux_dtype, with_bias, fmt, case):
     _C.gemm(a, b, q.descriptor(), config)
 
     b64 = bias.astype(np.float64) if with_bias else np.zeros(n)
-    pre = float(alpha) * (x64 @ w64.T) + b64
-    # normwise, relative to the terms' magnitudes: the bias may cancel the product
-    scale = np.linalg.norm(float(alpha) * (np.abs(x64) @ np.abs(w64).T) + np.abs(b64))
-    err = np.linalg.norm(aux.astype(np.float64) - pre)
-    assert err <= TOL[np.dtype(aux_dtype)] * max(scale, 1e-30), (
-        f"aux: normwise error {err / max(scale, 1e-30):.3g}"
-    )
+    assert_product(aux, x64, w64, float(alpha), b64, aux_dtype, "aux")
 
     # D: te_activation_fwd of the stored aux, quantized; te's gelu against the float64 formula.
     y32 = np.zeros((m, n), np.float32)
     _C.activation_fwd(tensor(aux), hp_output(y32), int(A.GELU))
     assert_matches_ref(y32, gelu64(aux), "gelu(aux)", rtol=1e-5)
     check_quantized(q, case, y32, fmt, f"gemm gelu {case}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("fmt", [O.E4M3, O.E5M2])
+@pytest.mark.parametrize(
+    "dbias_dtype", [None, np.float32, BF16], ids=["no_dbias", "dbias_fp32", "dbias_bf16"]
+)
+@pytest.mark.parametrize("aux_dtype", AUX_TYPES, ids=dtype_id)
+@pytest.mark.parametrize("fp8_operands", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_dgelu_fp8_output(shape, fp8_operands, aux_dtype, dbias_dtype, fmt, case):
+    m, n, k = shape
+    rng = rng_for("gemm_dgelu", str(shape), fp8_operands, dtype_id(aux_dtype), str(dbias_dtype), fmt, case)
+    a, b, x64, w64 = operands(rng, m, n, k, fp8_operands)
+    alpha = np.float32(1.25)
+    aux = (rng.standard_normal((m, n)) * 2).astype(np.float32).astype(aux_dtype)  # the saved h
+    dbias = None if dbias_dtype is None else np.full(n, np.nan, np.float32).astype(dbias_dtype)
+    q = fused_output(case, (m, n), fmt)
+    config = _C.GemmConfig(
+        trans_b=True,
+        alpha=float(alpha),
+        epilogue=E.DGELU,
+        aux=tensor(aux),
+        bias_grad=None if dbias is None else tensor(dbias),
+    )
+    _C.gemm(a, b, q.descriptor(), config)
+
+    # The product rounded to aux's dtype (te_gemm's plain output), then te's fp32 dgelu of it.
+    g = np.full((m, n), np.nan, np.float32).astype(aux_dtype)
+    _C.gemm(a, b, hp_output(g), _C.GemmConfig(trans_b=True, alpha=float(alpha)))
+    assert_product(g, x64, w64, float(alpha), np.zeros(n), aux_dtype, "product")
+    dx32, db32 = np.zeros((m, n), np.float32), f32(0, (n,))
+    _C.activation_bwd(tensor(g), tensor(aux), hp_output(dx32), tensor(db32), int(A.GELU))
+    assert_matches_ref(dx32, g.astype(np.float64) * dgelu64(aux), "dgelu(aux) * g", rtol=1e-5)
+    check_quantized(q, case, dx32, fmt, f"gemm dgelu {case}")
+    if dbias is not None:
+        np.testing.assert_array_equal(dbias, db32.astype(dbias_dtype))
+        sums = dx32.astype(np.float64).sum(axis=0)
+        scale = np.abs(dx32).astype(np.float64).sum(axis=0).max(initial=0.0)
+        assert np.abs(db32 - sums).max(initial=0.0) <= 1e-5 * max(scale, 1e-30)
 
 
 def test_same_bytes_as_gemm_then_activation():
@@ -166,20 +219,32 @@ def test_errors():
         aux=tensor(aux),
         bias=tensor(np.zeros(4, np.float16)),
     )
-    # a column-wise copy only with GELU_AUX; DGELU still needs a high-precision output
+    # a column-wise copy only with GELU_AUX or DGELU
     raises(
-        "d->columnwise_data: expected NULL (te_gemm writes a column-wise copy only with epilogue GELU_AUX",
+        "d->columnwise_data: expected NULL (te_gemm writes a column-wise copy only with epilogue GELU_AUX or DGELU",
         a,
         b,
         q.descriptor(),
     )
+    # DGELU's bias gradient: [N], and only with an FP8 output
     raises(
-        "d->rowwise_data.dtype: expected float32, float16 or bfloat16 with epilogue DGELU",
+        "config->bias_grad.shape: expected [4] ([N]: the pre-activation's bias gradient",
         a,
         b,
         fused_output("delayed", (8, 4), O.E4M3).descriptor(),
         epilogue=E.DGELU,
         aux=tensor(aux),
+        bias_grad=tensor(np.zeros(8, np.float32)),
+    )
+    raises(
+        "config->bias_grad: expected NULL with epilogue DGELU (bias_grad is written by BGRAD, and "
+        "by DGELU with an FP8 output)",
+        a,
+        b,
+        _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=tensor(np.zeros((8, 4), BF16))),
+        epilogue=E.DGELU,
+        aux=tensor(aux),
+        bias_grad=tensor(np.zeros(4, np.float32)),
     )
     # the output's parts as te_activation_fwd plans them: a copy's scale_inv is required
     no_sinv = _C.QuantizedTensor(

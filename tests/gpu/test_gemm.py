@@ -419,12 +419,17 @@ def test_fp8_bias_bf16():
 # ---- GELU_AUX with an FP8 output (an MLP's FC1 writing FC2's quantized input) -----------------
 
 
-def run_gelu_fp8(device, A, B, m, n, bias, aux_dtype, out_fmt, amax_init):
-    """te_gemm GELU_AUX into aux and an FP8 D with both copies on `device`; CPU copies back."""
+def run_act_fp8(
+    device, A, B, m, n, out_fmt, amax_init, *, epilogue, aux, trans_b, split, bias=None, dbias_dtype=None
+):
+    """te_gemm GELU_AUX (aux written: pass its dtype) or DGELU (aux read: pass the tensor) into an
+    FP8 D with both copies on `device`; CPU copies of every buffer back."""
     torch = _torch()
     e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
     t = {
-        "aux": torch.full((m, n), float("nan"), dtype=aux_dtype, device=device),
+        "aux": torch.full((m, n), float("nan"), dtype=aux, device=device)
+        if isinstance(aux, torch.dtype)
+        else aux.clone().to(device),
         "row": torch.full((m, n), POISON_BYTE, dtype=torch.uint8, device=device),
         "col": torch.full((n, m), POISON_BYTE, dtype=torch.uint8, device=device),
         "row_sinv": torch.full((1,), float("nan"), device=device),
@@ -432,6 +437,8 @@ def run_gelu_fp8(device, A, B, m, n, bias, aux_dtype, out_fmt, amax_init):
         "amax": torch.full((1,), amax_init, device=device),
         "scale": torch.tensor([fp8_out_scale], device=device),
     }
+    if dbias_dtype is not None:
+        t["dbias"] = torch.full((n,), float("nan"), dtype=dbias_dtype, device=device)
     dq = _C.QuantizedTensor(
         int(M.PER_TENSOR),
         rowwise_data=desc(t["row"], e),
@@ -443,7 +450,12 @@ def run_gelu_fp8(device, A, B, m, n, bias, aux_dtype, out_fmt, amax_init):
     )
     b = bias.to(device) if bias is not None else None
     cfg = _C.GemmConfig(
-        trans_b=True, epilogue=int(E.GELU_AUX), aux=desc(t["aux"]), bias=None if b is None else desc(b)
+        trans_b=trans_b,
+        epilogue=int(epilogue),
+        aux=desc(t["aux"]),
+        bias=None if b is None else desc(b),
+        bias_grad=desc(t["dbias"]) if "dbias" in t else None,
+        use_split_accumulator=split,
     )
     _C.gemm(A.on(device), B.on(device), dq, cfg, stream() if device == "cuda" else 0)
     if device == "cuda":
@@ -451,25 +463,46 @@ def run_gelu_fp8(device, A, B, m, n, bias, aux_dtype, out_fmt, amax_init):
     return {k: v.cpu() for k, v in t.items()}
 
 
+def check_fp8_copies(gpu, cpu, amax_init, amax_tol, what):
+    """D's two copies and scales on the GPU against the CPU backend's: one FP8 ulp (the GEMM's
+    accumulation order moves the rounded product, the activation's exp and divide are the
+    backend's), the column-wise copy exactly the row-wise one transposed, scale_inv exact, the
+    amax max-accumulated."""
+    torch = _torch()
+    assert_fp8_close(gpu["row"], cpu["row"], f"{what} rowwise")
+    assert torch.equal(gpu["col"], gpu["row"].t().contiguous()), (
+        f"{what}: columnwise is not rowwise transposed"
+    )
+    want_sinv = torch.tensor(1 / fp8_out_scale).item()
+    assert gpu["row_sinv"].item() == gpu["col_sinv"].item() == cpu["row_sinv"].item() == want_sinv
+    if amax_init:
+        assert gpu["amax"].item() == torch.tensor(amax_init).item()
+    else:
+        assert abs(gpu["amax"].item() - cpu["amax"].item()) <= amax_tol * cpu["amax"].item(), what
+
+
+GELU_FP8_SHAPES = [(16, 16, 16), (200, 144, 272), (1000, 1040, 512), (64, 4096, 1024)]
+
+
 @pytest.mark.parametrize("amax_init", [0.0, 1e30], ids=["fresh_slot", "larger_amax_kept"])
 @pytest.mark.parametrize("out_fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("aux_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
-@pytest.mark.parametrize(
-    "shape", [(16, 16, 16), (200, 144, 272), (1000, 1040, 512), (64, 4096, 1024)], ids=str
-)
-def test_fp8_gelu_output(shape, with_bias, aux_dtype, out_fmt, amax_init):
-    """aux against the CPU backend's; D's copies against te_activation_fwd of the GPU's own aux on
-    the CPU (one FP8 ulp: the activation's exp and divide are the backend's), the column-wise copy
-    the row-wise one transposed, both scale_inv exact, amax max-accumulated."""
+@pytest.mark.parametrize("split", [0, 1], ids=["fast_acc", "split_acc"])
+@pytest.mark.parametrize("shape", GELU_FP8_SHAPES, ids=str)
+def test_fp8_gelu_output(shape, split, with_bias, aux_dtype, out_fmt, amax_init):
+    """FC1 with gelu quantized for FC2: aux against the CPU backend's; D's copies against
+    te_activation_fwd of the GPU's own aux on the CPU (one FP8 ulp: the activation's exp and
+    divide are the backend's), and check_fp8_copies."""
     torch = _torch()
     m, n, k = shape
     a, b = sources(m, n, k, *FPROP, ("gelu_fp8", shape))
     A, B = fp8_operand(a), fp8_operand(b)
     adt = getattr(torch, aux_dtype)
     bias = randn((n,), ("gelu_fp8_bias", shape), aux_dtype) if with_bias else None
-    cpu = run_gelu_fp8("cpu", A, B, m, n, bias, adt, out_fmt, amax_init)
-    gpu = run_gelu_fp8("cuda", A, B, m, n, bias, adt, out_fmt, amax_init)
+    kw = dict(epilogue=E.GELU_AUX, aux=adt, trans_b=True, split=split, bias=bias)
+    cpu = run_act_fp8("cpu", A, B, m, n, out_fmt, amax_init, **kw)
+    gpu = run_act_fp8("cuda", A, B, m, n, out_fmt, amax_init, **kw)
     assert_close(gpu["aux"], cpu["aux"], 1e-2, "aux")
     # te_activation_fwd of the GPU's aux on the CPU: what D must hold
     e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
@@ -484,14 +517,33 @@ def test_fp8_gelu_output(shape, with_bias, aux_dtype, out_fmt, amax_init):
         scale=desc(scale),
     )
     _C.activation_fwd(desc(gpu["aux"]), ref, int(_C.Activation.GELU), _C.QuantConfig())
-    assert_fp8_close(gpu["row"], row, f"gelu fp8 {out_fmt} rowwise")
-    assert torch.equal(gpu["col"], gpu["row"].t().contiguous()), "columnwise is not rowwise transposed"
-    want_sinv = torch.tensor(1 / fp8_out_scale).item()
-    assert gpu["row_sinv"].item() == gpu["col_sinv"].item() == cpu["row_sinv"].item() == want_sinv
-    if amax_init:
-        assert gpu["amax"].item() == torch.tensor(amax_init).item()
-    else:
-        assert abs(gpu["amax"].item() - amax.item()) <= 1e-5 * amax.item()
+    check_fp8_copies(gpu, {**cpu, "row": row, "amax": amax}, amax_init, 1e-5, f"gelu fp8 {out_fmt}")
+
+
+@pytest.mark.parametrize("amax_init", [0.0, 1e30], ids=["fresh_slot", "larger_amax_kept"])
+@pytest.mark.parametrize("out_fmt", ["e5m2", "e4m3"])
+@pytest.mark.parametrize("aux_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "dbias_dtype", [None, "float32", "bfloat16"], ids=["no_dbias", "dbias_fp32", "dbias_bf16"]
+)
+@pytest.mark.parametrize("shape", GELU_FP8_SHAPES, ids=str)
+def test_fp8_dgelu_output(shape, dbias_dtype, aux_dtype, out_fmt, amax_init):
+    """FC2's dgrad (dy E5M2 x w E4M3, w's column-wise copy) with the gelu backward quantized for
+    FC1, against the CPU backend: D's copies by check_fp8_copies (the amax within the bf16
+    rounding of the product), the bias gradient normwise."""
+    torch = _torch()
+    m, n, k = shape
+    a, b = sources(m, n, k, *DGRAD, ("dgelu_fp8", shape))
+    A, B = fp8_operand(a, "e5m2"), fp8_operand(b)
+    adt = getattr(torch, aux_dtype)
+    h = randn((m, n), ("dgelu_fp8_h", shape), aux_dtype, scale=2.0)
+    ddt = None if dbias_dtype is None else getattr(torch, dbias_dtype)
+    kw = dict(epilogue=E.DGELU, aux=h, trans_b=False, split=1, dbias_dtype=ddt)
+    cpu = run_act_fp8("cpu", A, B, m, n, out_fmt, amax_init, **kw)
+    gpu = run_act_fp8("cuda", A, B, m, n, out_fmt, amax_init, **kw)
+    check_fp8_copies(gpu, cpu, amax_init, 1e-2 if adt != torch.float32 else 1e-4, f"dgelu fp8 {out_fmt}")
+    if ddt is not None:
+        assert_close(gpu["dbias"], cpu["dbias"], 1e-2, "dbias")
 
 
 # ---- FP8 block scaling (1x128 x 128x128, 1x128 x 1x128) ----------------------------------------

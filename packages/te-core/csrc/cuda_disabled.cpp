@@ -24,6 +24,7 @@ void delayed_scaling_update(const DelayedScalingEntry*, int64_t, void*) {
 }
 void gemm(const GemmArgs&, void*) { no_cuda(); }
 void gemm_gelu(const GemmArgs&, const ActivationFwdArgs&, void*) { no_cuda(); }
+void gemm_dgelu(GemmArgs, ActivationBwdArgs, void*) { no_cuda(); }
 void norm_fwd(const NormFwdArgs&, void*) { no_cuda(); }
 void norm_bwd(const NormBwdArgs&, void*) { no_cuda(); }
 void activation_fwd(const ActivationFwdArgs&, void*) { no_cuda(); }

@@ -11,8 +11,8 @@
 //   - with an FP8 output, bias / bias_grad may be bf16 or fp32 ("the output's dtype" has no FP8
 //     meaning here);
 //   - epilogue tensors that the chosen epilogue does not use must be absent, as must the output's
-//     column-wise copy (except with GELU_AUX and an FP8 output) and, for a high-precision output,
-//     its scale, amax and scale_inv.
+//     column-wise copy (except with GELU_AUX or DGELU and an FP8 output) and, for a
+//     high-precision output, its scale, amax and scale_inv.
 #include "te/gemm.h"
 
 #include <cmath>
@@ -301,27 +301,69 @@ void check_matrix(const te_tensor& t, const std::string& name, int64_t m, int64_
                shape_string(t.shape, t.ndim));
 }
 
-// GELU_AUX with an FP8 output: `args` as validated (aux, bias and the operands checked), d's copies
-// planned exactly as te_activation_fwd plans its output (delayed scaling: d->scale read, d->amax
-// max-accumulated), then the backend runs the GEMM into aux and the activation into d. aux is
-// written and then read while d is written: it may overlap neither d's copies nor the operands.
-void gemm_gelu_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor* d_desc,
-                   const Operand& a, const Operand& b, const te_device& device,
-                   const std::string& device_name, void* stream) {
-  check_no_overlap(*a.data, a.data_name, cfg.aux, "config->aux");
-  check_no_overlap(*b.data, b.data_name, cfg.aux, "config->aux");
-  check_no_overlap(cfg.aux, "config->aux", d_desc->rowwise_data, "d->rowwise_data");
-  if (present(d_desc->columnwise_data)) {
-    check_tensor(d_desc->columnwise_data, "d->columnwise_data");
-    check_no_overlap(cfg.aux, "config->aux", d_desc->columnwise_data, "d->columnwise_data");
-    check_no_overlap(*a.data, a.data_name, d_desc->columnwise_data, "d->columnwise_data");
-    check_no_overlap(*b.data, b.data_name, d_desc->columnwise_data, "d->columnwise_data");
+// GELU_AUX or DGELU with an FP8 output (te/gemm.h): `args` as validated (operands, aux, bias,
+// bias_grad), d's copies planned exactly as te_activation_fwd / _bwd plan their output (delayed
+// scaling: d->scale read, d->amax max-accumulated); the backend runs the GEMM and the activation
+// pass, or one kernel that does both. aux, d's copies and bias_grad are read or written in
+// between: none may overlap another or the operands.
+void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor* d_desc,
+                  const Operand& a, const Operand& b, const te_device& device,
+                  const std::string& device_name, void* stream) {
+  const bool dgelu = cfg.epilogue == TE_EPILOGUE_DGELU;
+  struct Named {
+    const te_tensor* t;
+    const char* name;
+  };
+  Named written[3] = {{&d_desc->rowwise_data, "d->rowwise_data"},
+                      {&d_desc->columnwise_data, "d->columnwise_data"},
+                      {&cfg.bias_grad, "config->bias_grad"}};
+  if (present(d_desc->columnwise_data)) check_tensor(d_desc->columnwise_data, "d->columnwise_data");
+  for (int i = 0; i < 3; ++i) {
+    if (!present(*written[i].t)) continue;
+    if (i > 0) {  // d->rowwise_data against the operands: gemm() checked that
+      check_no_overlap(*a.data, a.data_name, *written[i].t, written[i].name);
+      check_no_overlap(*b.data, b.data_name, *written[i].t, written[i].name);
+    }
+    check_no_overlap(cfg.aux, "config->aux", *written[i].t, written[i].name);
+    for (int j = 0; j < i; ++j) {
+      if (present(*written[j].t)) {
+        check_no_overlap(*written[j].t, written[j].name, *written[i].t, written[i].name);
+      }
+    }
+  }
+  if (!dgelu) {  // GELU_AUX writes aux
+    check_no_overlap(*a.data, a.data_name, cfg.aux, "config->aux");
+    check_no_overlap(*b.data, b.data_name, cfg.aux, "config->aux");
   }
   te_tensor result = d_desc->rowwise_data;  // the activation's [M, N] on the operands' device
   result.data = cfg.aux.data;
   result.dtype = cfg.aux.dtype;
+  const FusedOutput out = plan_fused_output(result, d_desc, nullptr, "d", "config");
+  args.d_dtype = cfg.aux.dtype;
+  args.aux = nullptr;
+  args.bias_grad = nullptr;
+  if (dgelu) {
+    // The product is te_activation_bwd's grad, rounded to aux's dtype; the backend holds it.
+    ActivationBwdArgs act{};
+    act.activation = TE_ACTIVATION_GELU;
+    act.grad = nullptr;
+    act.grad_dtype = cfg.aux.dtype;
+    act.input = cfg.aux.data;
+    act.in_dtype = cfg.aux.dtype;
+    act.rows = args.m;
+    act.cols = args.n;
+    act.in_cols = args.n;
+    act.dx = out;
+    act.dbias = present(cfg.bias_grad) ? cfg.bias_grad.data : nullptr;
+    act.dbias_dtype = cfg.bias_grad.dtype;
+    args.d = nullptr;
+    args.epilogue = TE_EPILOGUE_DEFAULT;
+    dispatch(device, device_name, [&] { cpu::gemm_dgelu(args, act, stream); },
+             [&] { cuda::gemm_dgelu(args, act, stream); });
+    return;
+  }
   ActivationFwdArgs act{};
-  act.out = plan_fused_output(result, d_desc, nullptr, "d", "config");
+  act.out = out;
   act.activation = TE_ACTIVATION_GELU;
   act.input = cfg.aux.data;
   act.in_dtype = cfg.aux.dtype;
@@ -329,9 +371,7 @@ void gemm_gelu_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor
   act.cols = args.n;
   act.in_cols = args.n;
   args.d = cfg.aux.data;
-  args.d_dtype = cfg.aux.dtype;
   args.epilogue = present(cfg.bias) ? TE_EPILOGUE_BIAS : TE_EPILOGUE_DEFAULT;
-  args.aux = nullptr;
   dispatch(device, device_name, [&] { cpu::gemm_gelu(args, act, stream); },
            [&] { cuda::gemm_gelu(args, act, stream); });
 }
@@ -376,12 +416,12 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   check_no_overlap(*b.data, b.data_name, d, "d->rowwise_data");
   const bool d_fp8 = is_fp8(d.dtype);
   const int32_t ep = cfg.epilogue;
-  // The activation of FC1's output quantized for FC2 (te/gemm.h): the GEMM into aux, then
-  // te_activation_fwd's GELU of aux into d's copies.
-  const bool gelu_fp8 = d_fp8 && ep == TE_EPILOGUE_GELU_AUX;
-  TE_CHECK_ARG(!present(d_desc->columnwise_data) || gelu_fp8,
+  // An MLP's activation fused with FC1's GEMM (GELU_AUX) or FC2's dgrad (DGELU), quantized for
+  // the next GEMMs (te/gemm.h): the GEMM, then te_activation_fwd / _bwd into d's copies.
+  const bool act_fp8 = d_fp8 && (ep == TE_EPILOGUE_GELU_AUX || ep == TE_EPILOGUE_DGELU);
+  TE_CHECK_ARG(!present(d_desc->columnwise_data) || act_fp8,
                "d->columnwise_data: expected NULL (te_gemm writes a column-wise copy only with "
-               "epilogue GELU_AUX and an FP8 output), got a buffer");
+               "epilogue GELU_AUX or DGELU and an FP8 output), got a buffer");
   GemmArgs args{};
   if (d_fp8) {
     TE_CHECK_ARG(a_desc->scaling_mode == TE_SCALING_PER_TENSOR, "d->rowwise_data.dtype: "
@@ -390,7 +430,7 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
     TE_CHECK_ARG(cfg.beta == 0.0f, "config->beta: expected 0 with an FP8 output (",
                  dtype_name(d.dtype), " cannot be accumulated into), got ", cfg.beta);
   }
-  if (d_fp8 && !gelu_fp8) {  // gelu_fp8's output is te_activation_fwd's: planned below as there
+  if (d_fp8 && !act_fp8) {  // act_fp8's output is te_activation_fwd / _bwd's: planned as there
     TE_CHECK_ARG(present(d_desc->scale), "d->scale: an FP8 output (", dtype_name(d.dtype),
                  ") needs the fp32 [1] scale to quantize with, got NULL");
     check_scalar(d_desc->scale, "d->scale", device, device_name);
@@ -423,10 +463,8 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
                  ": the pre-activation), got NULL");
   }
   if (wants_aux) {
-    TE_CHECK_ARG(!d_fp8 || gelu_fp8, "d->rowwise_data.dtype: expected float32, float16 or "
-                 "bfloat16 with epilogue ", epilogue_name(ep), ", got ", dtype_name(d.dtype));
     check_tensor(cfg.aux, "config->aux");
-    if (gelu_fp8) {
+    if (act_fp8) {
       check_dtype(cfg.aux, "config->aux",
                   {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
     } else {
@@ -438,7 +476,7 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   // bias / bias_grad: this dtype or fp32. An FP8 output has no dtype of its own for them: the
   // pre-activation's with GELU_AUX (the GEMM's own output), else bf16.
   const int32_t side_dtype =
-      gelu_fp8 ? cfg.aux.dtype : (d_fp8 ? TE_DTYPE_BFLOAT16 : d.dtype);
+      act_fp8 ? cfg.aux.dtype : (d_fp8 ? TE_DTYPE_BFLOAT16 : d.dtype);
   if (present(cfg.bias)) {
     TE_CHECK_ARG(wants_bias, "config->bias: expected NULL with epilogue ", epilogue_name(ep),
                  " (bias is read by BIAS and GELU_AUX), got a buffer");
@@ -450,13 +488,26 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
     TE_CHECK_ARG(ep != TE_EPILOGUE_BIAS, "config->bias: epilogue BIAS needs the [", n,
                  "] bias, got NULL");
   }
+  // DGELU with an FP8 output: te_activation_bwd's dbias, optional.
+  const bool dbias = act_fp8 && ep == TE_EPILOGUE_DGELU;
   if (present(cfg.bias_grad)) {
-    TE_CHECK_ARG(wants_bgrad, "config->bias_grad: expected NULL with epilogue ",
-                 epilogue_name(ep), " (bias_grad is written by BGRAD), got a buffer");
+    TE_CHECK_ARG(wants_bgrad || dbias, "config->bias_grad: expected NULL with epilogue ",
+                 epilogue_name(ep), d_fp8 ? " and an FP8 output" : "",
+                 " (bias_grad is written by BGRAD, and by DGELU with an FP8 output), got a buffer");
     check_tensor(cfg.bias_grad, "config->bias_grad");
-    check_side_dtype(cfg.bias_grad, "config->bias_grad", side_dtype);
+    if (dbias) {
+      check_dtype(cfg.bias_grad, "config->bias_grad",
+                  {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
+    } else {
+      check_side_dtype(cfg.bias_grad, "config->bias_grad", side_dtype);
+    }
     check_same_device(cfg.bias_grad, "config->bias_grad", device, device_name);
-    check_shape(cfg.bias_grad, "config->bias_grad", {m}, "[M]: one per row of op(A)");
+    if (dbias) {
+      check_shape(cfg.bias_grad, "config->bias_grad", {n},
+                  "[N]: the pre-activation's bias gradient, one per column");
+    } else {
+      check_shape(cfg.bias_grad, "config->bias_grad", {m}, "[M]: one per row of op(A)");
+    }
   } else {
     TE_CHECK_ARG(!wants_bgrad, "config->bias_grad: epilogue BGRAD needs the [", m,
                  "] bias_grad, got NULL");
@@ -488,8 +539,8 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   args.split_accumulator = cfg.use_split_accumulator != 0;
   args.workspace = present(cfg.workspace) ? cfg.workspace.data : nullptr;
   args.workspace_bytes = present(cfg.workspace) ? cfg.workspace.shape[0] : 0;
-  if (gelu_fp8) {
-    gemm_gelu_fp8(args, cfg, d_desc, a, b, device, device_name, stream);
+  if (act_fp8) {
+    gemm_act_fp8(args, cfg, d_desc, a, b, device, device_name, stream);
     return;
   }
   if (a.mx) {

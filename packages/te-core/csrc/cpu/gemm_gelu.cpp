@@ -1,7 +1,11 @@
-// te_gemm's GELU_AUX with an FP8 output, the reference: the GEMM into the pre-activation (rounded
-// to its dtype), then the activation of that stored pre-activation into the FP8 copies, so the
-// bytes are exactly those of te_gemm followed by te_activation_fwd.
+// te_gemm's GELU_AUX and DGELU with an FP8 output, the reference: the GEMM, rounded to the
+// pre-activation's dtype, then the activation pass over the stored values, so the bytes are
+// exactly those of te_gemm followed by te_activation_fwd / te_activation_bwd.
+#include <cstdint>
+#include <vector>
+
 #include "common/kernels.h"
+#include "common/validate.h"
 
 namespace te {
 namespace cpu {
@@ -9,6 +13,14 @@ namespace cpu {
 void gemm_gelu(const GemmArgs& g, const ActivationFwdArgs& act, void* stream) {
   gemm(g, stream);
   activation_fwd(act, stream);
+}
+
+void gemm_dgelu(GemmArgs g, ActivationBwdArgs act, void* stream) {
+  std::vector<uint8_t> grad(static_cast<size_t>(g.m * g.n * dtype_bits(g.d_dtype) / 8));
+  g.d = grad.data();
+  act.grad = grad.data();
+  gemm(g, stream);
+  activation_bwd(act, stream);
 }
 
 }  // namespace cpu

@@ -20,13 +20,18 @@
  * before the cast, NaN propagating, as te_quantize's delayed scaling updates it, so every FP8
  * result of a step lands in the same history slot; rowwise_scale_inv written 1/scale).
  *
- * GELU_AUX with a per-tensor FP8 output is the activation of an MLP's FC1 quantized for FC2: aux
- * (fp32, fp16 or bf16, required) gets the pre-activation alpha op(A) op(B) (+ bias, in aux's
- * dtype or fp32) rounded to its dtype, and D is exactly te_activation_fwd(aux, GELU) with D as its
- * output under delayed scaling: te/activation.h's gelu of the stored aux, rowwise_data and, if
- * given, columnwise_data ([N, M]: the copy FC2's weight gradient reads), each with its
- * scale_inv, d->scale read, d->amax max-accumulated. (A high-precision D takes gelu of the
- * unrounded fp32 pre-activation by the tanh formula, as cuBLASLt's epilogue does.)
+ * GELU_AUX and DGELU with a per-tensor FP8 output are an MLP's activation fused with FC1's
+ * forward GEMM and FC2's dgrad, quantized for the next GEMMs under delayed scaling: D is exactly
+ * te_activation_fwd / te_activation_bwd's GELU output with D as that output (te/activation.h's
+ * formulas; rowwise_data and, if given, columnwise_data [N, M], each with its scale_inv; d->scale
+ * read, d->amax max-accumulated), and aux is fp32, fp16 or bf16:
+ *   GELU_AUX  aux is written: the pre-activation alpha op(A) op(B) (+ bias, aux's dtype or fp32)
+ *             rounded to aux's dtype; D = te_activation_fwd(aux).
+ *   DGELU     aux is read: the saved pre-activation; the product alpha op(A) op(B), rounded to
+ *             aux's dtype, is the gradient g, and D = te_activation_bwd(g, aux); bias_grad, if
+ *             given ([N], fp32, fp16 or bf16), gets its dbias (the pre-activation's bias gradient).
+ * (A high-precision D takes gelu / gelu' of the unrounded fp32 values by the tanh formula, as
+ * cuBLASLt's epilogues do.)
  *
  * MXFP8 x MXFP8 and NVFP4 x NVFP4 (both operands of one family; mixing a family with per-tensor
  * or 1x128 FP8 is an error): the output is fp32, fp16 or bf16. Every backend runs the same
@@ -69,9 +74,10 @@ typedef struct te_gemm_config {
   int32_t epilogue;     /* te_gemm_epilogue */
   te_tensor bias;       /* BIAS, GELU_AUX (optional): [N], the output's dtype or fp32 (FP8
                          * output: aux's dtype with GELU_AUX, else bf16; or fp32) */
-  te_tensor aux;        /* GELU_AUX: written; DGELU: read. [M, N], the output's dtype (GELU_AUX
-                         * with an FP8 output: fp32, fp16 or bf16) */
-  te_tensor bias_grad;  /* BGRAD: written, [M], the output's dtype or fp32 */
+  te_tensor aux;        /* GELU_AUX: written; DGELU: read. [M, N], the output's dtype (with an
+                         * FP8 output: fp32, fp16 or bf16) */
+  te_tensor bias_grad;  /* BGRAD: written, [M], the output's dtype or fp32 (DGELU with an FP8
+                         * output: optional, [N], above) */
   /* FP8 only: 1 = promote partial sums to fp32 often (accurate; dgrad/wgrad default), 0 = fast
    * accumulation (fprop default). -1: 1, te's safe default. */
   int32_t use_split_accumulator;
