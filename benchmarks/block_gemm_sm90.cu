@@ -31,6 +31,9 @@
 // kernels a fused epilogue would replace (benchmarks/NOTES.md, thirty-second session); and the
 // fused fc1 epilogue itself on the ping-pong tiles (h, gelu(h)'s two FP8 copies and amax),
 // checked against te's own gelu and FP8 conversion and timed against the same kernel without it.
+// "tensor-split*": per-tensor with split accumulation (each K slice promoted into the fp32
+// result), timed against cuBLASLt with FAST_ACCUM off: te's dgrad default, the GEMM a dGELU
+// epilogue in FC2's dgrad would run on.
 //
 // Build and run on the GPU machine (cuBLASLt from the nvidia-cublas wheel beside torch):
 //   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
@@ -64,7 +67,7 @@ constexpr int kBlockK = 128;
 
 template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2,
           bool kPermutedScales_ = false, bool kPerTensor_ = false, bool kPingPong_ = false,
-          bool kGelu_ = false>
+          bool kGelu_ = false, bool kSplit_ = false>
 struct Tile {
   // Per-tensor scales (delayed / current scaling) with fast accumulation, as te_gemm asks
   // cuBLASLt for fprop: the tensor core accumulates the whole K, the two scales multiply alpha
@@ -74,6 +77,11 @@ struct Tile {
   // copies, dGELU in dgrad) would have to do to pay.
   static constexpr bool kPerTensor = kPerTensor_;
   static_assert(!(kPerTensor && kPermutedScales_), "per-tensor: no scale tables to permute");
+  // Per-tensor with split accumulation (te's dgrad / wgrad default, cuBLASLt's FAST_ACCUM off):
+  // each K slice's batch starts from zero and is added into the fp32 result, the block kernels'
+  // promotion without the scales. What a dGELU epilogue in FC2's dgrad would run on.
+  static constexpr bool kSplit = kSplit_;
+  static_assert(!kSplit || (kPerTensor && !kPingPong_), "split: per-tensor, cooperative tiles");
   // Ping-pong (per-tensor only): each consumer warpgroup owns whole 64-row tiles, the CTA's tiles
   // alternating between them, so one warpgroup's epilogue runs while the other's mainloop keeps
   // the tensor core busy (else the tensor core idles through every tile's stores). The stage
@@ -552,7 +560,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[kBlockN / 2];
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
-    if constexpr (Cfg::kPerTensor) {
+    if constexpr (Cfg::kPerTensor && !Cfg::kSplit) {
       // Each K slice is one batch into acc itself; waiting for all but the newest batch frees the
       // slice before it, so the tensor core always has the next batch queued.
       // Ping-pong: a warpgroup starts a mainloop once the other has issued its previous one
@@ -585,14 +593,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __syncwarp();
       if (k_blocks > 0 && lane == 0) bar_arrive(empty + 8 * ((it - 1) % kStages));
     }
-    for (int kb = 0; kb < (Cfg::kPerTensor ? 0 : k_blocks); ++kb, ++it) {
+    for (int kb = 0; kb < (Cfg::kPerTensor && !Cfg::kSplit ? 0 : k_blocks); ++kb, ++it) {
       const int s = it % kStages;
       bar_wait(full + 8 * s, (it / kStages) & 1);
       const uint32_t a_tile = base + s * Cfg::kStageBytes + a_rows;
       const uint32_t b_tile = base + s * Cfg::kStageBytes + Cfg::kABytes;
       const float* sa = scales + s * (Cfg::kScaleStageBytes / 4);
       const float* sb = sa + kBlockM;
-      const float sa0 = sa[row0], sa1 = sa[row0 + 8];
+      const float sa0 = Cfg::kSplit ? 1.0f : sa[row0], sa1 = Cfg::kSplit ? 1.0f : sa[row0 + 8];
 #pragma unroll
       for (int h = 0; h < Cfg::kHalves; ++h) {
         if (Cfg::kTakeTurns) named_sync(my_turn);
@@ -614,7 +622,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           out[2] = fmaf(part[4 * c + 2], sa1 * sbc.x, out[2]);
           out[3] = fmaf(part[4 * c + 3], sa1 * sbc.y, out[3]);
         };
-        if constexpr (Cfg::kPermutedScales) {
+        if constexpr (Cfg::kSplit) {
+#pragma unroll
+          for (int i = 0; i < kWgmmaN / 2; ++i) acc[h * (kWgmmaN / 2) + i] += part[i];
+        } else if constexpr (Cfg::kPermutedScales) {
           const float* sbq = sb + (lane % 4) * (kBlockN / 4) + 2 * (h * kWgmmaN / 8);
 #pragma unroll
           for (int c = 0; c < kWgmmaN / 8; c += 2) {
@@ -760,6 +771,8 @@ using TensorNarrow = Tile<192, 1, 5, false, 2, false, true>;
 using TensorTall = Tile<128, 1, 5, false, 3, false, true>;
 using TensorPingPong = Tile<128, 2, 5, false, 2, false, true, true>;  // 64 x 256 per warpgroup
 using TensorPingPongGelu = Tile<128, 2, 4, false, 2, false, true, true, true>;
+using TensorSplit = Tile<128, 2, 4, false, 2, false, true, false, false, true>;
+using TensorSplitTurns = Tile<128, 2, 4, true, 2, false, true, false, false, true>;
 
 }  // namespace probe
 }  // namespace cuda
@@ -789,14 +802,17 @@ void check(cudaError_t e, const char* what) {
 // ---- the variants ------------------------------------------------------------------------------
 
 const char* const kVariants[] = {
-    "wide",          "wide-per-tile",        "narrow",        "wide-turns", "narrow-turns",
+    "wide",          "wide-per-tile",        "narrow",        "wide-turns",  "narrow-turns",
     "tall",          "tall-turns",           "wide-turns-perm", "tall-turns-perm",
-    "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall", "tensor-pingpong"};
-constexpr int kVariantCount = 14;
+    "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall", "tensor-pingpong",
+    "tensor-split",  "tensor-split-turns"};
+constexpr int kVariantCount = 16;
 constexpr int kFirstPerTensor = 9;  // variants from here on take per-tensor scales
 constexpr int kTensorPingPong = 13;  // "tensor-pingpong", the fused gelu epilogue's own mainloop
+constexpr int kFirstSplit = 14;      // per-tensor with split accumulation, against cuBLASLt's
 
 bool per_tensor(int variant) { return variant >= kFirstPerTensor; }
+bool split(int variant) { return variant >= kFirstSplit; }
 
 // E4M3 x E4M3 through variant v; other formats through the wide kernel.
 void run_variant(const GemmArgs& g, int v) {
@@ -823,7 +839,9 @@ void run_variant(const GemmArgs& g, int v) {
     case 10: pr::launch_typed<kE4m3, kE4m3, pr::TensorWide>(g, nullptr, false); break;
     case 11: pr::launch_typed<kE4m3, kE4m3, pr::TensorNarrow>(g, nullptr, true); break;
     case 12: pr::launch_typed<kE4m3, kE4m3, pr::TensorTall>(g, nullptr, true); break;
-    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPong>(g, nullptr, true); break;
+    case 13: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPong>(g, nullptr, true); break;
+    case 14: pr::launch_typed<kE4m3, kE4m3, pr::TensorSplit>(g, nullptr, true); break;
+    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorSplitTurns>(g, nullptr, true); break;
   }
 }
 
@@ -971,7 +989,8 @@ struct Cublaslt {
   size_t workspace_bytes = size_t{64} << 20;
   bool found = false;
 
-  Cublaslt(const Problem& x, int32_t d_dtype) {
+  // fast: per-tensor problems' FAST_ACCUM (te's fprop); off for the split variants' peer.
+  Cublaslt(const Problem& x, int32_t d_dtype, bool fast = true) {
     cublasLtCreate(&handle);
     cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     set(desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
@@ -979,7 +998,7 @@ struct Cublaslt {
     set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(x.sb));
     set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x.sa));
     if (x.tensor) {
-      set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1});
+      set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{fast ? 1 : 0});
     } else {
       set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
       set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
@@ -1063,14 +1082,14 @@ int check_variant(int64_t m, int64_t n, int64_t k, bool a_e4m3, bool b_e4m3, int
   };
   double theirs = NAN;
   if (a_e4m3 && b_e4m3 && d_dtype != TE_DTYPE_FLOAT16) {
-    Cublaslt lt(x, d_dtype);
+    Cublaslt lt(x, d_dtype, !split(variant));
     if (lt.found) theirs = error_of([&] { lt.run(x, alpha, beta); });
   }
   const double rel = error_of([&] { run_variant(x.args(d_dtype, alpha, beta), variant); });
   // Fast accumulation's error grows with K for cuBLASLt too: a per-tensor variant passes within
-  // twice cuBLASLt's error where that exceeds te's tolerance.
+  // twice cuBLASLt's error where that exceeds te's tolerance (split accumulation: te's alone).
   double tol = d_dtype == TE_DTYPE_FLOAT32 ? 4e-4 : 1e-2;
-  if (x.tensor && theirs == theirs) tol = std::max(tol, 2 * theirs);
+  if (x.tensor && !split(variant) && theirs == theirs) tol = std::max(tol, 2 * theirs);
   const bool bad = !(rel <= tol);
   std::printf(
       "%s %-20s M %5lld N %5lld K %5lld %s x %s D %d alpha %g beta %g: normwise %.3g (tol %g; "
@@ -1114,7 +1133,7 @@ void time_variant(int64_t m, int64_t n, int64_t k, int32_t d_dtype, float beta, 
                   int rounds, int variant) {
   Problem x(m, n, k, true, true, true, per_tensor(variant));
   const GemmArgs g = x.args(d_dtype, 1.0f, beta);
-  Cublaslt lt(x, d_dtype);
+  Cublaslt lt(x, d_dtype, !split(variant));
   EventTimer time(iters);
   std::vector<float> own_ms, lt_ms, ratios;
   for (int r = 0; r < rounds; ++r) {  // alternating: the H200's clock follows its recent load
