@@ -94,7 +94,12 @@ struct Tile {
   // kColStride bytes apart: 64 rows + 16 bytes, so a warp's byte stores spread over the banks
   // and each column stays 16-byte aligned), with |gelu(h)|'s max folded into an amax.
   static constexpr bool kGelu = kGelu_;
-  static_assert(!kGelu || kPingPong, "the fused gelu epilogue runs on the ping-pong tiles");
+  // Also on the cooperative 128 x 256 tiles (each warpgroup's 64 rows through the same epilogue),
+  // whose two warpgroups read one B slice where the ping-pong ones read one each: the ping-pong
+  // tiles ask the L2 for ~0.0098 bytes per FLOP, ~14.5 TB/s at cuBLASLt's ~1480 TFLOP/s, more
+  // than it gives (the block kernels' ncu: 43-52% busy at ~5.7 TB/s), the cooperative ones for
+  // ~0.0057 (~8.5 TB/s), at the price of an epilogue in which the tensor cores wait.
+  static_assert(!kGelu || (kPerTensor && !kSplit_), "the fused gelu epilogue: fast per-tensor");
   static constexpr int kColStride = 80;
   // Column scales written into shared memory by a warp of the producer warpgroup, permuted so a
   // consumer thread reads the four it needs for two column groups as one float4 (half the shared
@@ -121,6 +126,7 @@ struct Tile {
   static constexpr int kTransposeOffset = (kBarOffset + 2 * kStages * 8 + 15) / 16 * 16;
   static constexpr int kTransposeBytes = kGelu ? kConsumers * kBlockN * kColStride : 0;
   static constexpr int kSmemBytes = kTransposeOffset + kTransposeBytes + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 
 struct Params {
@@ -648,8 +654,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kGelu) {
       uint8_t* tr = smem_raw + (base - smem_addr(smem_raw)) + Cfg::kTransposeOffset +
                     g * kBlockN * Cfg::kColStride;
-      store_tile_gelu<kBlockN, Cfg::kColStride>(p, alpha, acc, m0, n0, row0, col0, tr, 3 + g,
-                                                threadIdx.x % 128, gelu_amax);
+      // (cooperative: this warpgroup's 64 rows of the tile as a tile of their own)
+      const int own = Cfg::kPingPong ? 0 : 64 * g;
+      store_tile_gelu<kBlockN, Cfg::kColStride>(p, alpha, acc, m0 + own, n0, row0 - own, col0, tr,
+                                                3 + g, threadIdx.x % 128, gelu_amax);
     } else {
       switch (p.d_dtype) {
         case TE_DTYPE_FLOAT32:
@@ -771,6 +779,7 @@ using TensorNarrow = Tile<192, 1, 5, false, 2, false, true>;
 using TensorTall = Tile<128, 1, 5, false, 3, false, true>;
 using TensorPingPong = Tile<128, 2, 5, false, 2, false, true, true>;  // 64 x 256 per warpgroup
 using TensorPingPongGelu = Tile<128, 2, 4, false, 2, false, true, true, true>;
+using TensorWideGelu = Tile<128, 2, 3, false, 2, false, true, false, true>;  // 3 stages: smem
 using TensorSplit = Tile<128, 2, 4, false, 2, false, true, false, false, true>;
 using TensorSplitTurns = Tile<128, 2, 4, true, 2, false, true, false, false, true>;
 
@@ -1201,22 +1210,27 @@ struct GeluBuffers {
   GeluBuffers& operator=(const GeluBuffers&) = delete;
 };
 
-void run_gelu(const Problem& x, const GeluBuffers& gb) {
+// wide: the cooperative 128 x 256 tiles (TensorWideGelu), else the ping-pong ones.
+void run_gelu(const Problem& x, const GeluBuffers& gb, bool wide) {
   constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
-  pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGelu>(x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f),
-                                                         nullptr, true, &gb.out);
+  const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
+  if (wide) {
+    pr::launch_typed<kE4m3, kE4m3, pr::TensorWideGelu>(g, nullptr, true, &gb.out);
+  } else {
+    pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGelu>(g, nullptr, true, &gb.out);
+  }
 }
 
 // h against the naive product plus the bias (normwise, te's bf16 tolerance); the row-wise bytes
 // and the amax exactly against gelu_reference_kernel of the kernel's own h; the column-wise
 // bytes exactly as the row-wise ones transposed.
-int check_gelu(int64_t m, int64_t n, int64_t k) {
+int check_gelu(int64_t m, int64_t n, int64_t k, bool wide) {
   Problem x(m, n, k, true, true, true, true);
   GeluBuffers gb(m, n);
   std::vector<float> want, want_mag;
   reference_product(x, want, want_mag);
   check(cudaMemset(gb.amax, 0, 4), "cudaMemset");
-  run_gelu(x, gb);
+  run_gelu(x, gb, wide);
   check(cudaDeviceSynchronize(), "the fused product");
   uint8_t* q_want;
   float* amax_want;
@@ -1253,37 +1267,41 @@ int check_gelu(int64_t m, int64_t n, int64_t k) {
   const double rel = std::sqrt(num / (den + 1e-300));
   const bool bad = !(rel <= 1e-2) || row_bad != 0 || col_bad != 0 || amax != amax_ref;
   std::printf(
-      "%s gelu-epilogue M %5lld N %5lld K %5lld: h normwise %.3g (tol 0.01), row-wise bytes off "
-      "%lld, column-wise off %lld, amax %g (want %g)\n",
-      bad ? "FAIL" : "ok  ", static_cast<long long>(m), static_cast<long long>(n),
+      "%s gelu-epilogue %-9s group %2d M %5lld N %5lld K %5lld: h normwise %.3g (tol 0.01), "
+      "row-wise bytes off %lld, column-wise off %lld, amax %g (want %g)\n",
+      bad ? "FAIL" : "ok  ", wide ? "wide" : "ping-pong", pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
       static_cast<long long>(k), rel, static_cast<long long>(row_bad),
       static_cast<long long>(col_bad), amax, amax_ref);
   return bad ? 1 : 0;
 }
 
-// The fused kernel against the same ping-pong kernel writing only D and against cuBLASLt's plain
-// product (alternating rounds): what the epilogue costs in the GEMM. The pass it replaces (te's
-// gelu + cast-transpose of h, ~0.3 ms at 16384 x 16384 on the H200: benchmarks/NOTES.md) is not
-// timed here.
+// The fused kernels (ping-pong and cooperative tiles) against the same kernels writing only D and
+// against cuBLASLt's plain product (alternating rounds): what the epilogue costs in the GEMM. The
+// pass it replaces (te's gelu + cast-transpose of h, ~0.3 ms at 16384 x 16384 on the H200:
+// benchmarks/NOTES.md) is not timed here.
 void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
   Problem x(m, n, k, true, true, true, true);
   GeluBuffers gb(m, n);
   const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
   Cublaslt lt(x, TE_DTYPE_BFLOAT16);
   EventTimer time(iters);
-  std::vector<float> fused, plain, theirs;
+  constexpr int kTensorWide = 9;
+  std::vector<float> pp, pp_d, wide, wide_d, theirs;
   for (int r = 0; r < rounds; ++r) {
-    fused.push_back(time([&] { run_gelu(x, gb); }));
-    plain.push_back(time([&] { run_variant(g, kTensorPingPong); }));
+    pp.push_back(time([&] { run_gelu(x, gb, false); }));
+    pp_d.push_back(time([&] { run_variant(g, kTensorPingPong); }));
+    wide.push_back(time([&] { run_gelu(x, gb, true); }));
+    wide_d.push_back(time([&] { run_variant(g, kTensorWide); }));
     theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
   }
-  for (auto* v : {&fused, &plain, &theirs}) std::sort(v->begin(), v->end());
+  for (auto* v : {&pp, &pp_d, &wide, &wide_d, &theirs}) std::sort(v->begin(), v->end());
   const int mid = rounds / 2;
   std::printf(
-      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: fused %.3f ms, ping-pong D only "
-      "%.3f ms, cuBLASLt D only %.3f ms (medians of %d rounds)\n",
-      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), fused[mid],
-      plain[mid], theirs[mid], rounds);
+      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: ping-pong fused %.3f ms (D only "
+      "%.3f), cooperative fused %.3f ms (D only %.3f), cuBLASLt D only %.3f ms (medians of %d "
+      "rounds)\n",
+      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
+      static_cast<long long>(k), pp[mid], pp_d[mid], wide[mid], wide_d[mid], theirs[mid], rounds);
 }
 
 }  // namespace
@@ -1317,14 +1335,17 @@ int main(int argc, char** argv) {
       }
       fails += check_variant(1000, 520, 1040, true, true, TE_DTYPE_FLOAT32, 0.5f, 1.0f, v);
     }
-    for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2]);
-    fails += check_gelu(1024, 768, 2048);
+    for (const bool wide : {false, true}) {
+      for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2], wide);
+      fails += check_gelu(1024, 768, 2048, wide);
+    }
     pr::g_group_m = 16;  // the grouped order: whole and partial groups of 64-row tiles
     for (const int64_t m : {int64_t{2000}, int64_t{1500}, int64_t{37}}) {
       for (int v = kFirstPerTensor; v < kVariantCount; ++v) {
         fails += check_variant(m, 700, 256, true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f, v);
       }
-      fails += check_gelu(m, 700, 256);
+      fails += check_gelu(m, 700, 256, false);
+      fails += check_gelu(m, 700, 256, true);
     }
     pr::g_group_m = 0;
     std::printf("failures: %d\n", fails);
