@@ -35,13 +35,17 @@
 // result), timed against cuBLASLt with FAST_ACCUM off: te's dgrad default, the GEMM a dGELU
 // epilogue in FC2's dgrad would run on.
 //
+// "tensor-pingpong-cluster": the ping-pong tiles in 2 x 1 clusters multicasting the shared B slice
+// (half the B reads from L2), with the gelu epilogue too; mode 3, a process of its own.
+//
 // Build and run on the GPU machine (cuBLASLt from the nvidia-cublas wheel beside torch):
 //   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
 //   nvcc -std=c++17 -arch=sm_90a -O3 -Ipackages/te-core/csrc -Ipackages/te-cpp-headers/include \
 //     -I$NV/include benchmarks/block_gemm_sm90.cu -o /tmp/block_gemm \
 //     -Xlinker $NV/lib/libcublasLt.so.13 -Xlinker -rpath=$NV/lib
 //   /tmp/block_gemm [iters=10] [rounds=7] [mode: 0 check and time, 1 one call of each (for ncu),
-//                   2 check and time the per-tensor variants and the gelu epilogue only]
+//                   2 check and time the per-tensor variants and the gelu epilogue only,
+//                   3 the same for the 2 x 1 cluster scheme]
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -67,7 +71,7 @@ constexpr int kBlockK = 128;
 
 template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2,
           bool kPermutedScales_ = false, bool kPerTensor_ = false, bool kPingPong_ = false,
-          bool kGelu_ = false, bool kSplit_ = false>
+          bool kGelu_ = false, bool kSplit_ = false, bool kCluster_ = false>
 struct Tile {
   // Per-tensor scales (delayed / current scaling) with fast accumulation, as te_gemm asks
   // cuBLASLt for fprop: the tensor core accumulates the whole K, the two scales multiply alpha
@@ -82,6 +86,13 @@ struct Tile {
   // promotion without the scales. What a dGELU epilogue in FC2's dgrad would run on.
   static constexpr bool kSplit = kSplit_;
   static_assert(!kSplit || (kPerTensor && !kPingPong_), "split: per-tensor, cooperative tiles");
+  // Ping-pong in clusters of two CTAs on vertically adjacent tiles (same columns): each CTA's
+  // producer loads half of the shared B slice and multicasts it to both, so a CTA reads 24 KB of
+  // L2 per slice instead of 40 (cuBLASLt's 2 x 1 clusters). A stage is free once the consumers
+  // of both CTAs release it (their warps arrive on both CTAs' empty barriers), and a producer
+  // waits for its last stages' releases before its CTA exits (the peer still arrives there).
+  static constexpr bool kCluster = kCluster_;
+  static_assert(!kCluster || (kPingPong_ && kPerTensor), "clusters: ping-pong per-tensor tiles");
   // Ping-pong (per-tensor only): each consumer warpgroup owns whole 64-row tiles, the CTA's tiles
   // alternating between them, so one warpgroup's epilogue runs while the other's mainloop keeps
   // the tensor core busy (else the tensor core idles through every tile's stores). The stage
@@ -109,7 +120,8 @@ struct Tile {
   // their threads: a scheduler holds one producer warp (40) and one warp of each consumer.
   static constexpr int kConsumers = kConsumers_, kBlockM = kPingPong ? 64 : 64 * kConsumers;
   // Warps that release a stage: those of every consumer warpgroup, or (ping-pong) of its owner.
-  static constexpr int kStageReaders = kPingPong ? 4 : 4 * kConsumers;
+  static constexpr int kStageReaders = kCluster ? 8 : (kPingPong ? 4 : 4 * kConsumers);
+  static constexpr int kClusterSize = kCluster ? 2 : 1;
   static constexpr int kConsumerThreads = 128 * kConsumers, kThreads = kConsumerThreads + 128;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 152;
   static_assert(40 + kConsumers * kConsumerRegs <= 512, "registers per scheduler lane");
@@ -221,6 +233,34 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
           dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+}
+
+// Cluster pieces (kCluster): this CTA's rank, a barrier arrival on the peer CTA's copy of a
+// barrier, a TMA load written into every CTA of `mask` (each barrier at the same offset gets the
+// bytes), and the cluster-wide barrier.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void bar_arrive_remote(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map,
+                                                   uint32_t bar, int32_t c0, int32_t c1,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
 }
 
 // wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle, 8-row groups 1024
@@ -479,6 +519,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // kCluster: the tiles walked are the cluster's (2 x 64 rows); this CTA's are `rank`'s half.
+  const int walker = Cfg::kCluster ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x);
+  const int walkers = Cfg::kCluster ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x);
+  const uint32_t rank = Cfg::kCluster ? cluster_rank() : 0;
+  if constexpr (Cfg::kCluster) cluster_sync();  // both CTAs' barriers initialized
 
   if (warp >= kConsumerThreads / 32) {  // the producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -509,9 +554,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (warp != kConsumerThreads / 32 || lane != 0) return;
     int it = 0;  // K slices issued so far, over all of this CTA's tiles
-    for (int tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    for (int tile = walker; tile < p.tiles; tile += walkers) {
       int64_t m0, n0;
-      tile_origin(p, tile, kBlockM, kBlockN, m0, n0);
+      tile_origin(p, tile, kBlockM * Cfg::kClusterSize, kBlockN, m0, n0);
+      m0 += kBlockM * rank;
       // Scale rows are read up to the padded leading dimension (a multiple of 4 floats), so every
       // copy is whole 16-byte units inside the table; entries past M or N feed rows and columns
       // that are never stored.
@@ -527,12 +573,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                (Cfg::kPermutedScales || Cfg::kPerTensor ? 0 : a_bytes + b_bytes));
         const uint32_t stage = base + s * Cfg::kStageBytes;
         tma_load(stage, &map_a, bar, kb * kBlockK, static_cast<int32_t>(m0));
-        tma_load(stage + Cfg::kABytes, &map_b, bar, kb * kBlockK, static_cast<int32_t>(n0));
+        if constexpr (Cfg::kCluster) {  // this CTA's half of B, into both CTAs
+          constexpr int kHalfRows = kBlockN / 2;
+          tma_load_multicast(stage + Cfg::kABytes + rank * kHalfRows * kBlockK, &map_b, bar,
+                             kb * kBlockK, static_cast<int32_t>(n0 + kHalfRows * rank), 0x3);
+        } else {
+          tma_load(stage + Cfg::kABytes, &map_b, bar, kb * kBlockK, static_cast<int32_t>(n0));
+        }
         if (!Cfg::kPermutedScales && !Cfg::kPerTensor) {
           const uint32_t sc = base + Cfg::kScaleOffset + s * Cfg::kScaleStageBytes;
           bulk_load(sc, p.a_scale + kb * p.a_scale_ld + m0, a_bytes, bar);
           bulk_load(sc + kBlockM * 4, p.b_scale + kb * p.b_scale_ld + n0, b_bytes, bar);
         }
+      }
+    }
+    if constexpr (Cfg::kCluster) {
+      // The peer's consumers still arrive on this CTA's empty barriers: wait for the releases
+      // of the last kStages slices (both CTAs' warps) before the CTA may exit.
+      for (int j = it < kStages ? kStages : it; j < it + kStages; ++j) {
+        bar_wait(empty + 8 * (j % kStages), ((j / kStages) + 1) & 1);
       }
     }
     return;
@@ -552,16 +611,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Turns: warpgroup g waits on barrier 1 + g before each batch and then opens the next
   // warpgroup's; the last one opens warpgroup 0's barrier once first.
   const int my_turn = 1 + g, next_turn = 1 + (g + 1) % Cfg::kConsumers;
+  // A warp's release of a stage: to this CTA's producer, and (kCluster) to the peer's, whose
+  // multicast half of B lands in this CTA's stage too.
+  auto release = [&](uint32_t bar) {
+    bar_arrive(bar);
+    if constexpr (Cfg::kCluster) bar_arrive_remote(bar, rank ^ 1u);
+  };
   if (Cfg::kTakeTurns && g == Cfg::kConsumers - 1) named_arrive(1);
   int it = 0;
   uint32_t gelu_amax = 0;  // kGelu: this thread's max of |gelu(h)|'s bits over its tiles
-  const int tile_step = Cfg::kPingPong ? 2 * gridDim.x : gridDim.x;
-  for (int tile = blockIdx.x + (Cfg::kPingPong ? g * gridDim.x : 0); tile < p.tiles;
+  const int tile_step = Cfg::kPingPong ? 2 * walkers : walkers;
+  for (int tile = walker + (Cfg::kPingPong ? g * walkers : 0); tile < p.tiles;
        tile += tile_step) {
     int64_t m0, n0;
-    tile_origin(p, tile, kBlockM, kBlockN, m0, n0);
+    tile_origin(p, tile, kBlockM * Cfg::kClusterSize, kBlockN, m0, n0);
+    m0 += kBlockM * rank;
     // ping-pong: the ring position of this tile's first slice (the producer walks every tile)
-    const int local = (tile - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
+    const int local = (tile - walker) / walkers;
     if (Cfg::kPingPong) it = local * k_blocks;
     float acc[kBlockN / 2];
 #pragma unroll
@@ -591,13 +657,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         __syncwarp();
-        if (kb > 0 && lane == 0) bar_arrive(empty + 8 * ((it - 1) % kStages));
+        if (kb > 0 && lane == 0) release(empty + 8 * ((it - 1) % kStages));
       }
       if (Cfg::kPingPong) named_arrive(2 - g);
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       pin(acc);
       __syncwarp();
-      if (k_blocks > 0 && lane == 0) bar_arrive(empty + 8 * ((it - 1) % kStages));
+      if (k_blocks > 0 && lane == 0) release(empty + 8 * ((it - 1) % kStages));
     }
     for (int kb = 0; kb < (Cfg::kPerTensor && !Cfg::kSplit ? 0 : k_blocks); ++kb, ++it) {
       const int s = it % kStages;
@@ -675,9 +741,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gelu_amax = warp_max(gelu_amax);
     if (lane == 0) atomic_max_amax(p.q_amax, gelu_amax);
   }
-  if (Cfg::kPingPong && static_cast<int>(blockIdx.x) < p.tiles) {
+  if (Cfg::kPingPong && walker < p.tiles) {
     // the other warpgroup's opening after its last mainloop, which nothing here waited for
-    const int tiles = (p.tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+    const int tiles = (p.tiles - walker + walkers - 1) / walkers;
     if (tiles % 2 == g) named_sync(1 + g);
   }
 #endif  // TE_SM90A_DEVICE
@@ -730,10 +796,12 @@ void launch_typed(const GemmArgs& g, cudaStream_t stream, bool persistent,
     return true;
   }();
   (void)configured;
-  const int tiles_m = static_cast<int>((g.m + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  // kCluster: tiles_m counts the clusters' pairs of row blocks; B is loaded in halves.
+  const int64_t cluster_rows = int64_t{Cfg::kBlockM} * Cfg::kClusterSize;
+  const int tiles_m = static_cast<int>((g.m + cluster_rows - 1) / cluster_rows);
   const int tiles_n = static_cast<int>((g.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
   const CUtensorMap a = operand_map(g.a.data, g.m, g.k, Cfg::kBlockM);
-  const CUtensorMap b = operand_map(g.b.data, g.n, g.k, Cfg::kBlockN);
+  const CUtensorMap b = operand_map(g.b.data, g.n, g.k, Cfg::kBlockN / Cfg::kClusterSize);
   Params p{g.m,          g.n,     g.k,    g.a.scale_inv, g.b.scale_inv, g.a.scale_ld,
            g.b.scale_ld, g.alpha, g.beta, g.d,           g.d_dtype,     tiles_n,
            tiles_m * tiles_n, g_group_m};
@@ -746,6 +814,34 @@ void launch_typed(const GemmArgs& g, cudaStream_t stream, bool persistent,
     p.q_col = gelu->q_col;
     p.q_scale = gelu->q_scale;
     p.q_amax = gelu->q_amax;
+  }
+  if constexpr (Cfg::kCluster) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(2 * static_cast<unsigned>(p.tiles));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    // A persistent cluster that is not resident from the start would run its whole walk after
+    // the others: as many as fit at once (an SM left alone in its GPC holds none).
+    static const int resident = [&] {
+      int n = 0;
+      check_cuda(cudaOccupancyMaxActiveClusters(&n, block1d_gemm_kernel<TypeA, TypeB, Cfg>, &config),
+                 "cudaOccupancyMaxActiveClusters");
+      return n;
+    }();
+    if (resident < 1) fail(TE_ERROR_CUDA, "probe: no 2 x 1 cluster of this kernel fits an SM pair");
+    const int clusters = resident < p.tiles ? resident : p.tiles;
+    config.gridDim = dim3(2 * static_cast<unsigned>(clusters));
+    check_cuda(cudaLaunchKernelEx(&config, block1d_gemm_kernel<TypeA, TypeB, Cfg>, a, b, p),
+               "cudaLaunchKernelEx(block1d_gemm_kernel, 2 x 1 clusters)");
+    return;
   }
   const int grid = persistent && multiprocessors() < p.tiles ? multiprocessors() : p.tiles;
   block1d_gemm_kernel<TypeA, TypeB, Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, b, p);
@@ -781,6 +877,8 @@ using TensorPingPong = Tile<128, 2, 5, false, 2, false, true, true>;  // 64 x 25
 using TensorPingPongGelu = Tile<128, 2, 4, false, 2, false, true, true, true>;
 using TensorWideGelu = Tile<128, 2, 3, false, 2, false, true, false, true>;  // 3 stages: smem
 using TensorSplit = Tile<128, 2, 4, false, 2, false, true, false, false, true>;
+using TensorPingPongCluster = Tile<128, 2, 5, false, 2, false, true, true, false, false, true>;
+using TensorPingPongClusterGelu = Tile<128, 2, 4, false, 2, false, true, true, true, false, true>;
 using TensorSplitTurns = Tile<128, 2, 4, true, 2, false, true, false, false, true>;
 
 }  // namespace probe
@@ -814,14 +912,15 @@ const char* const kVariants[] = {
     "wide",          "wide-per-tile",        "narrow",        "wide-turns",  "narrow-turns",
     "tall",          "tall-turns",           "wide-turns-perm", "tall-turns-perm",
     "tensor-wide",   "tensor-wide-per-tile", "tensor-narrow", "tensor-tall", "tensor-pingpong",
-    "tensor-split",  "tensor-split-turns"};
-constexpr int kVariantCount = 16;
+    "tensor-split",  "tensor-split-turns", "tensor-pingpong-cluster"};
+constexpr int kVariantCount = 16;  // the ones modes 0 and 2 run; mode 3 runs the cluster one
+constexpr int kTensorPingPongCluster = 16;
 constexpr int kFirstPerTensor = 9;  // variants from here on take per-tensor scales
 constexpr int kTensorPingPong = 13;  // "tensor-pingpong", the fused gelu epilogue's own mainloop
 constexpr int kFirstSplit = 14;      // per-tensor with split accumulation, against cuBLASLt's
 
 bool per_tensor(int variant) { return variant >= kFirstPerTensor; }
-bool split(int variant) { return variant >= kFirstSplit; }
+bool split(int variant) { return variant == kFirstSplit || variant == kFirstSplit + 1; }
 
 // E4M3 x E4M3 through variant v; other formats through the wide kernel.
 void run_variant(const GemmArgs& g, int v) {
@@ -850,7 +949,8 @@ void run_variant(const GemmArgs& g, int v) {
     case 12: pr::launch_typed<kE4m3, kE4m3, pr::TensorTall>(g, nullptr, true); break;
     case 13: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPong>(g, nullptr, true); break;
     case 14: pr::launch_typed<kE4m3, kE4m3, pr::TensorSplit>(g, nullptr, true); break;
-    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorSplitTurns>(g, nullptr, true); break;
+    case 15: pr::launch_typed<kE4m3, kE4m3, pr::TensorSplitTurns>(g, nullptr, true); break;
+    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongCluster>(g, nullptr, true); break;
   }
 }
 
@@ -1007,7 +1107,7 @@ struct Cublaslt {
     set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(x.sb));
     set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x.sa));
     if (x.tensor) {
-      set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{fast ? 1 : 0});
+      set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast ? 1 : 0));
     } else {
       set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
       set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
@@ -1210,27 +1310,32 @@ struct GeluBuffers {
   GeluBuffers& operator=(const GeluBuffers&) = delete;
 };
 
-// wide: the cooperative 128 x 256 tiles (TensorWideGelu), else the ping-pong ones.
-void run_gelu(const Problem& x, const GeluBuffers& gb, bool wide) {
+// The fused gelu epilogue's tile schemes.
+enum GeluTiles { kPingPongTiles, kWideTiles, kClusterTiles };
+const char* const kGeluTileNames[] = {"ping-pong", "wide", "cluster"};
+
+void run_gelu(const Problem& x, const GeluBuffers& gb, GeluTiles tiles) {
   constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
   const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
-  if (wide) {
-    pr::launch_typed<kE4m3, kE4m3, pr::TensorWideGelu>(g, nullptr, true, &gb.out);
-  } else {
-    pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGelu>(g, nullptr, true, &gb.out);
+  switch (tiles) {
+    case kWideTiles: pr::launch_typed<kE4m3, kE4m3, pr::TensorWideGelu>(g, nullptr, true, &gb.out); break;
+    case kClusterTiles:
+      pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongClusterGelu>(g, nullptr, true, &gb.out);
+      break;
+    default: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGelu>(g, nullptr, true, &gb.out); break;
   }
 }
 
 // h against the naive product plus the bias (normwise, te's bf16 tolerance); the row-wise bytes
 // and the amax exactly against gelu_reference_kernel of the kernel's own h; the column-wise
 // bytes exactly as the row-wise ones transposed.
-int check_gelu(int64_t m, int64_t n, int64_t k, bool wide) {
+int check_gelu(int64_t m, int64_t n, int64_t k, GeluTiles tiles) {
   Problem x(m, n, k, true, true, true, true);
   GeluBuffers gb(m, n);
   std::vector<float> want, want_mag;
   reference_product(x, want, want_mag);
   check(cudaMemset(gb.amax, 0, 4), "cudaMemset");
-  run_gelu(x, gb, wide);
+  run_gelu(x, gb, tiles);
   check(cudaDeviceSynchronize(), "the fused product");
   uint8_t* q_want;
   float* amax_want;
@@ -1269,7 +1374,7 @@ int check_gelu(int64_t m, int64_t n, int64_t k, bool wide) {
   std::printf(
       "%s gelu-epilogue %-9s group %2d M %5lld N %5lld K %5lld: h normwise %.3g (tol 0.01), "
       "row-wise bytes off %lld, column-wise off %lld, amax %g (want %g)\n",
-      bad ? "FAIL" : "ok  ", wide ? "wide" : "ping-pong", pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
+      bad ? "FAIL" : "ok  ", kGeluTileNames[tiles], pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
       static_cast<long long>(k), rel, static_cast<long long>(row_bad),
       static_cast<long long>(col_bad), amax, amax_ref);
   return bad ? 1 : 0;
@@ -1288,9 +1393,9 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
   constexpr int kTensorWide = 9;
   std::vector<float> pp, pp_d, wide, wide_d, theirs;
   for (int r = 0; r < rounds; ++r) {
-    pp.push_back(time([&] { run_gelu(x, gb, false); }));
+    pp.push_back(time([&] { run_gelu(x, gb, kPingPongTiles); }));
     pp_d.push_back(time([&] { run_variant(g, kTensorPingPong); }));
-    wide.push_back(time([&] { run_gelu(x, gb, true); }));
+    wide.push_back(time([&] { run_gelu(x, gb, kWideTiles); }));
     wide_d.push_back(time([&] { run_variant(g, kTensorWide); }));
     theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
   }
@@ -1304,15 +1409,40 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
       static_cast<long long>(k), pp[mid], pp_d[mid], wide[mid], wide_d[mid], theirs[mid], rounds);
 }
 
+// The cluster scheme (mode 3, a process of its own: a protocol error there hangs rather than
+// fails): fused and D-only against the ping-pong kernel and cuBLASLt, alternating rounds.
+void time_gelu_cluster(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
+  Problem x(m, n, k, true, true, true, true);
+  GeluBuffers gb(m, n);
+  const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
+  Cublaslt lt(x, TE_DTYPE_BFLOAT16);
+  EventTimer time(iters);
+  std::vector<float> cl, cl_d, pp, theirs;
+  for (int r = 0; r < rounds; ++r) {
+    cl.push_back(time([&] { run_gelu(x, gb, kClusterTiles); }));
+    cl_d.push_back(time([&] { run_variant(g, kTensorPingPongCluster); }));
+    pp.push_back(time([&] { run_gelu(x, gb, kPingPongTiles); }));
+    theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
+  }
+  for (auto* v : {&cl, &cl_d, &pp, &theirs}) std::sort(v->begin(), v->end());
+  const int mid = rounds / 2;
+  std::printf(
+      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: cluster fused %.3f ms (D only %.3f), "
+      "ping-pong fused %.3f ms, cuBLASLt D only %.3f ms (medians of %d rounds)\n",
+      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
+      static_cast<long long>(k), cl[mid], cl_d[mid], pp[mid], theirs[mid], rounds);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 10, rounds = argc > 2 ? std::atoi(argv[2]) : 7;
   const int mode = argc > 3 ? std::atoi(argv[3]) : 0;
-  if (iters < 1 || rounds < 1 || mode < 0 || mode > 2) {
+  if (iters < 1 || rounds < 1 || mode < 0 || mode > 3) {
     std::printf(
         "usage: %s [iters >= 1] [rounds >= 1] [mode: 0 check and time, 1 one call each, "
-        "2 check and time the per-tensor variants and the gelu epilogue only]\n",
+        "2 check and time the per-tensor variants and the gelu epilogue only, 3 the same for the "
+        "2 x 1 cluster scheme]\n",
         argv[0]);
     return 2;
   }
@@ -1328,6 +1458,27 @@ int main(int argc, char** argv) {
   int fails = 0;
   const int64_t shapes[][3] = {{128, 256, 128}, {64, 64, 16},    {200, 300, 384}, {1000, 520, 1040},
                                {37, 17, 272},   {513, 1030, 2064}, {256, 512, 4096}, {1, 1, 32}};
+  if (mode == 3) {  // the cluster scheme: odd row-block counts leave a CTA a tile past M
+    for (const int group : {0, 16}) {
+      pr::g_group_m = group;
+      for (const auto& s : shapes) {
+        fails += check_variant(s[0], s[1], s[2], true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f,
+                               kTensorPingPongCluster);
+        fails += check_gelu(s[0], s[1], s[2], kClusterTiles);
+      }
+      fails += check_variant(2100, 700, 256, true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f,
+                             kTensorPingPongCluster);
+      fails += check_gelu(2100, 700, 256, kClusterTiles);
+    }
+    std::printf("failures: %d\n", fails);
+    for (const int group : {0, 16}) {
+      pr::g_group_m = group;
+      time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPongCluster);
+      time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPongCluster);
+      time_gelu_cluster(16384, 16384, 4096, iters, rounds);
+    }
+    return fails;
+  }
   if (mode == 2) {  // the MLP's fc1 and fc2 fprop and the Linear 4096 -> 4096 fprop
     for (int v = kFirstPerTensor; v < kVariantCount; ++v) {
       for (const auto& s : shapes) {
@@ -1335,17 +1486,17 @@ int main(int argc, char** argv) {
       }
       fails += check_variant(1000, 520, 1040, true, true, TE_DTYPE_FLOAT32, 0.5f, 1.0f, v);
     }
-    for (const bool wide : {false, true}) {
-      for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2], wide);
-      fails += check_gelu(1024, 768, 2048, wide);
+    for (const GeluTiles tiles : {kPingPongTiles, kWideTiles}) {
+      for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2], tiles);
+      fails += check_gelu(1024, 768, 2048, tiles);
     }
     pr::g_group_m = 16;  // the grouped order: whole and partial groups of 64-row tiles
     for (const int64_t m : {int64_t{2000}, int64_t{1500}, int64_t{37}}) {
       for (int v = kFirstPerTensor; v < kVariantCount; ++v) {
         fails += check_variant(m, 700, 256, true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f, v);
       }
-      fails += check_gelu(m, 700, 256, false);
-      fails += check_gelu(m, 700, 256, true);
+      fails += check_gelu(m, 700, 256, kPingPongTiles);
+      fails += check_gelu(m, 700, 256, kWideTiles);
     }
     pr::g_group_m = 0;
     std::printf("failures: %d\n", fails);
