@@ -157,6 +157,36 @@ def test_dgelu_fp8_output(shape, fp8_operands, aux_dtype, dbias_dtype, fmt, case
         assert np.abs(db32 - sums).max(initial=0.0) <= 1e-5 * max(scale, 1e-30)
 
 
+def bits_of(q: Quantized, part: str) -> np.ndarray:
+    return getattr(q, part).view(np.uint8)
+
+
+@pytest.mark.parametrize("aux_dtype", [np.float32, BF16], ids=dtype_id)
+def test_dgelu_product_buffer_changes_no_result(aux_dtype):
+    """config->dgelu_product (a caller's buffer for the product between the two passes) leaves
+    every result bit for bit as without it."""
+    rng = rng_for("gemm_dgelu_product", dtype_id(aux_dtype))
+    m, n, k = 37, 48, 130
+    a, b, _, _ = operands(rng, m, n, k, True)
+    aux = (rng.standard_normal((m, n)) * 2).astype(np.float32).astype(aux_dtype)
+    got = []
+    for product in (None, np.full((m, n), np.nan, np.float32).astype(aux_dtype)):
+        q, db = fused_output("delayed_ct", (m, n), O.E5M2), f32(np.nan, (n,))
+        config = _C.GemmConfig(
+            trans_b=True,
+            epilogue=E.DGELU,
+            aux=tensor(aux),
+            bias_grad=tensor(db),
+            dgelu_product=None if product is None else tensor(product),
+        )
+        _C.gemm(a, b, q.descriptor(), config)
+        got.append((q, db))
+    (q1, db1), (q2, db2) = got
+    for part in ("rowwise", "columnwise", "rowwise_scale_inv", "columnwise_scale_inv", "amax"):
+        assert np.array_equal(bits_of(q1, part), bits_of(q2, part)), part
+    assert np.array_equal(db1.view(np.uint32), db2.view(np.uint32))
+
+
 def test_same_bytes_as_gemm_then_activation():
     """The fused call and the two calls it stands for (te_gemm with BIAS into aux, then
     te_activation_fwd with FP8 output) leave every buffer bit for bit the same."""
@@ -177,7 +207,7 @@ def test_same_bytes_as_gemm_then_activation():
     _C.activation_fwd(tensor(aux2), q2.descriptor(), int(A.GELU), _C.QuantConfig())
     assert np.array_equal(aux1.view(np.uint16), aux2.view(np.uint16))
     for part in ("rowwise", "columnwise", "rowwise_scale_inv", "columnwise_scale_inv", "amax"):
-        assert np.array_equal(getattr(q1, part).view(np.uint8), getattr(q2, part).view(np.uint8)), part
+        assert np.array_equal(bits_of(q1, part), bits_of(q2, part)), part
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -245,6 +275,43 @@ def test_errors():
         epilogue=E.DGELU,
         aux=tensor(aux),
         bias_grad=tensor(np.zeros(4, np.float32)),
+    )
+    # dgelu_product: only with DGELU and an FP8 output; aux's dtype and shape; no overlap
+    raises(
+        "config->dgelu_product: expected NULL except with epilogue DGELU and an FP8 output",
+        a,
+        b,
+        q.descriptor(),
+        epilogue=E.GELU_AUX,
+        aux=tensor(aux),
+        dgelu_product=tensor(np.zeros((8, 4), BF16)),
+    )
+    raises(
+        "config->dgelu_product.dtype: expected bfloat16",
+        a,
+        b,
+        q.descriptor(),
+        epilogue=E.DGELU,
+        aux=tensor(aux),
+        dgelu_product=tensor(np.zeros((8, 4), np.float32)),
+    )
+    raises(
+        "config->dgelu_product.shape: expected [8, 4]",
+        a,
+        b,
+        q.descriptor(),
+        epilogue=E.DGELU,
+        aux=tensor(aux),
+        dgelu_product=tensor(np.zeros((4, 8), BF16)),
+    )
+    raises(
+        "overlap",
+        a,
+        b,
+        q.descriptor(),
+        epilogue=E.DGELU,
+        aux=tensor(aux),
+        dgelu_product=tensor(aux),
     )
     # the output's parts as te_activation_fwd plans them: a copy's scale_inv is required
     no_sinv = _C.QuantizedTensor(

@@ -16,6 +16,7 @@
 #include "te/gemm.h"
 
 #include <cmath>
+#include <cstddef>
 #include <string>
 
 #include "api/quantize_mx.h"
@@ -35,8 +36,7 @@ namespace {
 te_gemm_config read_config(const te_gemm_config* config) {
   te_gemm_config c = te_gemm_config_init();
   if (config == nullptr) return c;
-  check_struct_size(config->struct_size, sizeof(te_gemm_config), "config");
-  c = *config;
+  read_versioned(*config, offsetof(te_gemm_config, dgelu_product), "config", &c);
   TE_CHECK_ARG(c.trans_a == 0 || c.trans_a == 1, "config->trans_a: expected 0 or 1, got ",
                c.trans_a);
   TE_CHECK_ARG(c.trans_b == 0 || c.trans_b == 1, "config->trans_b: expected 0 or 1, got ",
@@ -302,10 +302,10 @@ void check_matrix(const te_tensor& t, const std::string& name, int64_t m, int64_
 }
 
 // GELU_AUX or DGELU with an FP8 output (te/gemm.h): `args` as validated (operands, aux, bias,
-// bias_grad), d's copies planned exactly as te_activation_fwd / _bwd plan their output (delayed
-// scaling: d->scale read, d->amax max-accumulated); the backend runs the GEMM and the activation
-// pass, or one kernel that does both. aux, d's copies and bias_grad are read or written in
-// between: none may overlap another or the operands.
+// bias_grad, dgelu_product), d's copies planned exactly as te_activation_fwd / _bwd plan their
+// output (delayed scaling: d->scale read, d->amax max-accumulated); the backend runs the GEMM and
+// the activation pass, or one kernel that does both. aux, d's copies, bias_grad and dgelu_product are read or
+// written in between: none may overlap another or the operands.
 void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor* d_desc,
                   const Operand& a, const Operand& b, const te_device& device,
                   const std::string& device_name, void* stream) {
@@ -314,11 +314,12 @@ void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor*
     const te_tensor* t;
     const char* name;
   };
-  Named written[3] = {{&d_desc->rowwise_data, "d->rowwise_data"},
+  Named written[4] = {{&d_desc->rowwise_data, "d->rowwise_data"},
                       {&d_desc->columnwise_data, "d->columnwise_data"},
-                      {&cfg.bias_grad, "config->bias_grad"}};
+                      {&cfg.bias_grad, "config->bias_grad"},
+                      {&cfg.dgelu_product, "config->dgelu_product"}};
   if (present(d_desc->columnwise_data)) check_tensor(d_desc->columnwise_data, "d->columnwise_data");
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (!present(*written[i].t)) continue;
     if (i > 0) {  // d->rowwise_data against the operands: gemm() checked that
       check_no_overlap(*a.data, a.data_name, *written[i].t, written[i].name);
@@ -356,7 +357,7 @@ void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor*
     act.dx = out;
     act.dbias = present(cfg.bias_grad) ? cfg.bias_grad.data : nullptr;
     act.dbias_dtype = cfg.bias_grad.dtype;
-    args.d = nullptr;
+    args.d = present(cfg.dgelu_product) ? cfg.dgelu_product.data : nullptr;
     args.epilogue = TE_EPILOGUE_DEFAULT;
     dispatch(device, device_name, [&] { cpu::gemm_dgelu(args, act, stream); },
              [&] { cuda::gemm_dgelu(args, act, stream); });
@@ -488,21 +489,21 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
     TE_CHECK_ARG(ep != TE_EPILOGUE_BIAS, "config->bias: epilogue BIAS needs the [", n,
                  "] bias, got NULL");
   }
-  // DGELU with an FP8 output: te_activation_bwd's dbias, optional.
-  const bool dbias = act_fp8 && ep == TE_EPILOGUE_DGELU;
+  // DGELU with an FP8 output: te_activation_bwd's dbias in bias_grad, optional.
+  const bool dgelu_fp8 = act_fp8 && ep == TE_EPILOGUE_DGELU;
   if (present(cfg.bias_grad)) {
-    TE_CHECK_ARG(wants_bgrad || dbias, "config->bias_grad: expected NULL with epilogue ",
+    TE_CHECK_ARG(wants_bgrad || dgelu_fp8, "config->bias_grad: expected NULL with epilogue ",
                  epilogue_name(ep), d_fp8 ? " and an FP8 output" : "",
                  " (bias_grad is written by BGRAD, and by DGELU with an FP8 output), got a buffer");
     check_tensor(cfg.bias_grad, "config->bias_grad");
-    if (dbias) {
+    if (dgelu_fp8) {
       check_dtype(cfg.bias_grad, "config->bias_grad",
                   {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16});
     } else {
       check_side_dtype(cfg.bias_grad, "config->bias_grad", side_dtype);
     }
     check_same_device(cfg.bias_grad, "config->bias_grad", device, device_name);
-    if (dbias) {
+    if (dgelu_fp8) {
       check_shape(cfg.bias_grad, "config->bias_grad", {n},
                   "[N]: the pre-activation's bias gradient, one per column");
     } else {
@@ -511,6 +512,15 @@ void gemm(const te_quantized_tensor* a_desc, const te_quantized_tensor* b_desc,
   } else {
     TE_CHECK_ARG(!wants_bgrad, "config->bias_grad: epilogue BGRAD needs the [", m,
                  "] bias_grad, got NULL");
+  }
+  if (present(cfg.dgelu_product)) {
+    TE_CHECK_ARG(dgelu_fp8, "config->dgelu_product: expected NULL except with epilogue DGELU "
+                 "and an FP8 output (it holds the product between the GEMM and the activation "
+                 "pass), got a buffer");
+    check_tensor(cfg.dgelu_product, "config->dgelu_product");
+    check_dtype(cfg.dgelu_product, "config->dgelu_product", {cfg.aux.dtype});
+    check_same_device(cfg.dgelu_product, "config->dgelu_product", device, device_name);
+    check_matrix(cfg.dgelu_product, "config->dgelu_product", m, n, "[M, N], like the output");
   }
   if (present(cfg.workspace)) {
     check_tensor(cfg.workspace, "config->workspace");

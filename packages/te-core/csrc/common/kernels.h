@@ -222,8 +222,8 @@ struct DbiasQuantizeArgs {
   void gemm(const GemmArgs& args, void* stream);                                                \
   /* te_gemm's GELU_AUX with an FP8 output: the GEMM `g` into the pre-activation, then `act`   */ \
   void gemm_gelu(const GemmArgs& g, const ActivationFwdArgs& act, void* stream);                \
-  /* DGELU with an FP8 output: the GEMM `g` (d and act.grad: the backend's [M, N] buffer of     */ \
-  /* g.d_dtype), then `act`                                                                    */ \
+  /* DGELU with an FP8 output: the GEMM `g` (d, the product's [M, N] buffer of g.d_dtype, or  */ \
+  /* nullptr: the backend's own; act.grad set to it), then `act`                               */ \
   void gemm_dgelu(GemmArgs g, ActivationBwdArgs act, void* stream);                             \
   void norm_fwd(const NormFwdArgs& args, void* stream);                                         \
   void norm_bwd(const NormBwdArgs& args, void* stream);                                         \

@@ -16,9 +16,12 @@ void gemm_gelu(const GemmArgs& g, const ActivationFwdArgs& act, void* stream) {
 }
 
 void gemm_dgelu(GemmArgs g, ActivationBwdArgs act, void* stream) {
-  std::vector<uint8_t> grad(static_cast<size_t>(g.m * g.n * dtype_bits(g.d_dtype) / 8));
-  g.d = grad.data();
-  act.grad = grad.data();
+  std::vector<uint8_t> own;
+  if (g.d == nullptr) {
+    own.resize(static_cast<size_t>(g.m * g.n * dtype_bits(g.d_dtype) / 8));
+    g.d = own.data();
+  }
+  act.grad = g.d;
   gemm(g, stream);
   activation_bwd(act, stream);
 }

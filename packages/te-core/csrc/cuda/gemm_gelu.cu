@@ -18,9 +18,10 @@ void gemm_gelu(const GemmArgs& g, const ActivationFwdArgs& act, void* stream) {
 }
 
 void gemm_dgelu(GemmArgs g, ActivationBwdArgs act, void* stream) {
-  Scratch grad(static_cast<size_t>(g.m * g.n * dtype_bits(g.d_dtype) / 8), as_stream(stream),
-               "te scratch (te_gemm DGELU: the product before the activation pass)");
-  g.d = grad.as<void>();
+  Scratch own(g.d == nullptr ? static_cast<size_t>(g.m * g.n * dtype_bits(g.d_dtype) / 8) : 0,
+              as_stream(stream),
+              "te scratch (te_gemm DGELU: the product before the activation pass)");
+  if (g.d == nullptr) g.d = own.as<void>();
   act.grad = g.d;
   gemm(g, stream);
   activation_bwd(act, stream);

@@ -376,7 +376,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](bool trans_a, bool trans_b, float alpha, float beta, int32_t epilogue,
                        std::optional<te_tensor> bias, std::optional<te_tensor> aux,
                        std::optional<te_tensor> bias_grad, int32_t use_split_accumulator,
-                       std::optional<te_tensor> workspace) {
+                       std::optional<te_tensor> workspace, std::optional<te_tensor> dgelu_product) {
              te_gemm_config c = te_gemm_config_init();
              c.trans_a = trans_a;
              c.trans_b = trans_b;
@@ -388,12 +388,14 @@ PYBIND11_MODULE(_C, m) {
              c.bias_grad = or_absent(bias_grad);
              c.use_split_accumulator = use_split_accumulator;
              c.workspace = or_absent(workspace);
+             c.dgelu_product = or_absent(dgelu_product);
              return c;
            }),
            py::arg("trans_a") = false, py::arg("trans_b") = false, py::arg("alpha") = 1.0f,
            py::arg("beta") = 0.0f, py::arg("epilogue") = 0, py::arg("bias") = py::none(),
            py::arg("aux") = py::none(), py::arg("bias_grad") = py::none(),
-           py::arg("use_split_accumulator") = -1, py::arg("workspace") = py::none())
+           py::arg("use_split_accumulator") = -1, py::arg("workspace") = py::none(),
+           py::arg("dgelu_product") = py::none())
       .def_readwrite("trans_a", &te_gemm_config::trans_a)
       .def_readwrite("trans_b", &te_gemm_config::trans_b)
       .def_readwrite("alpha", &te_gemm_config::alpha)
@@ -403,7 +405,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("aux", &te_gemm_config::aux)
       .def_readwrite("bias_grad", &te_gemm_config::bias_grad)
       .def_readwrite("use_split_accumulator", &te_gemm_config::use_split_accumulator)
-      .def_readwrite("workspace", &te_gemm_config::workspace);
+      .def_readwrite("workspace", &te_gemm_config::workspace)
+      .def_readwrite("dgelu_product", &te_gemm_config::dgelu_product);
 
   m.def(
       "amax",

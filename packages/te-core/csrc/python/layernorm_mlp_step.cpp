@@ -41,6 +41,14 @@ bool gelu_in_gemm(int32_t activation, const Operand& a) {
          (q == nullptr || (!q->compute_scale && !q->reset_amax));
 }
 
+// Whether FC2's dgrad writes FC1's quantized gradient (and db1) itself: te_gemm's DGELU with an
+// FP8 output, whose product is rounded to h's dtype as the separate pass's da is.
+bool dgelu_in_gemm(int32_t activation, const Operand& g1, const LinearGrads& l2,
+                   const te_tensor& h) {
+  return gelu_in_gemm(activation, g1) && l2.dgrad != nullptr && l2.dx.dtype == h.dtype &&
+         l2.dgrad->beta == 0.0f && l2.dgrad->epilogue == TE_EPILOGUE_DEFAULT;
+}
+
 }  // namespace
 
 void register_layernorm_mlp_step(py::module_& m) {
@@ -117,9 +125,23 @@ void register_layernorm_mlp_step(py::module_& m) {
         void* s = as_stream(stream);
         check(without_gil([&] {
           TE_TRY(quantize_grad(l2, s));
-          TE_TRY(linear_gemms(l2, s));
-          if (!present(l2.dx)) return TE_SUCCESS;
-          TE_TRY(te_activation_bwd(&l2.dx, &ht, &l1.g.q, &l1.db, activation, l1.g.config, s));
+          if (present(l2.dx) && dgelu_in_gemm(activation, l1.g, l2, ht)) {
+            te_gemm_config c = *l2.dgrad;
+            c.epilogue = TE_EPILOGUE_DGELU;
+            c.aux = ht;
+            c.bias_grad = l1.db;
+            c.dgelu_product = l2.dx;  // the step's da buffer, where te runs two passes
+            const te_quantized_tensor g2 = rowwise_for(l2.g.q, ht), w2 = only(l2.w.q, false);
+            TE_TRY(te_gemm(&g2, &w2, &l1.g.q, &c, s));
+            if (present(l2.dw)) {
+              TE_TRY(gemm(only(l2.g.q, false), only(l2.x.q, false), l2.dw, l2.wgrad, te_tensor{},
+                          s));
+            }
+          } else {
+            TE_TRY(linear_gemms(l2, s));
+            if (!present(l2.dx)) return TE_SUCCESS;
+            TE_TRY(te_activation_bwd(&l2.dx, &ht, &l1.g.q, &l1.db, activation, l1.g.config, s));
+          }
           TE_TRY(linear_gemms(l1, s));
           return present(l1.dx) ? norm_bwd(l1.dx, n, s) : TE_SUCCESS;
         }));

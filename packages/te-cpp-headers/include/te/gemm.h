@@ -84,6 +84,12 @@ typedef struct te_gemm_config {
   /* CUDA only: scratch for cuBLASLt, uint8, >= 32 MiB recommended; absent: te keeps one per
    * stream. */
   te_tensor workspace;
+  /* ---- appended after te-core 0.1.0 (a caller whose struct_size ends above gets it absent) */
+  /* DGELU with an FP8 output, optional: [M, N] of aux's dtype, where te keeps the product
+   * between the GEMM and the activation pass when it runs them separately (absent: scratch of
+   * te's own for the call). Its contents afterwards are unspecified; a kernel that does both in
+   * one pass does not touch it. For a caller that holds such a buffer anyway. */
+  te_tensor dgelu_product;
 } te_gemm_config;
 
 static inline te_gemm_config te_gemm_config_init(void) {
