@@ -891,6 +891,7 @@ using TensorSplitTurns = Tile<128, 2, 4, true, 2, false, true, false, false, tru
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace {
@@ -916,6 +917,7 @@ const char* const kVariants[] = {
 constexpr int kVariantCount = 16;  // the ones modes 0 and 2 run; mode 3 runs the cluster one
 constexpr int kTensorPingPongCluster = 16;
 constexpr int kFirstPerTensor = 9;  // variants from here on take per-tensor scales
+constexpr int kTensorWide = 9;      // "tensor-wide", the cooperative gelu epilogue's own mainloop
 constexpr int kTensorPingPong = 13;  // "tensor-pingpong", the fused gelu epilogue's own mainloop
 constexpr int kFirstSplit = 14;      // per-tensor with split accumulation, against cuBLASLt's
 
@@ -1374,63 +1376,52 @@ int check_gelu(int64_t m, int64_t n, int64_t k, GeluTiles tiles) {
   std::printf(
       "%s gelu-epilogue %-9s group %2d M %5lld N %5lld K %5lld: h normwise %.3g (tol 0.01), "
       "row-wise bytes off %lld, column-wise off %lld, amax %g (want %g)\n",
-      bad ? "FAIL" : "ok  ", kGeluTileNames[tiles], pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
+      bad ? "FAIL" : "ok  ", kGeluTileNames[tiles], pr::g_group_m, static_cast<long long>(m),
+      static_cast<long long>(n),
       static_cast<long long>(k), rel, static_cast<long long>(row_bad),
       static_cast<long long>(col_bad), amax, amax_ref);
   return bad ? 1 : 0;
 }
 
-// The fused kernels (ping-pong and cooperative tiles) against the same kernels writing only D and
-// against cuBLASLt's plain product (alternating rounds): what the epilogue costs in the GEMM. The
-// pass it replaces (te's gelu + cast-transpose of h, ~0.3 ms at 16384 x 16384 on the H200:
-// benchmarks/NOTES.md) is not timed here.
-void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
-  Problem x(m, n, k, true, true, true, true);
-  GeluBuffers gb(m, n);
-  const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
-  Cublaslt lt(x, TE_DTYPE_BFLOAT16);
-  EventTimer time(iters);
-  constexpr int kTensorWide = 9;
-  std::vector<float> pp, pp_d, wide, wide_d, theirs;
-  for (int r = 0; r < rounds; ++r) {
-    pp.push_back(time([&] { run_gelu(x, gb, kPingPongTiles); }));
-    pp_d.push_back(time([&] { run_variant(g, kTensorPingPong); }));
-    wide.push_back(time([&] { run_gelu(x, gb, kWideTiles); }));
-    wide_d.push_back(time([&] { run_variant(g, kTensorWide); }));
-    theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
-  }
-  for (auto* v : {&pp, &pp_d, &wide, &wide_d, &theirs}) std::sort(v->begin(), v->end());
-  const int mid = rounds / 2;
-  std::printf(
-      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: ping-pong fused %.3f ms (D only "
-      "%.3f), cooperative fused %.3f ms (D only %.3f), cuBLASLt D only %.3f ms (medians of %d "
-      "rounds)\n",
-      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
-      static_cast<long long>(k), pp[mid], pp_d[mid], wide[mid], wide_d[mid], theirs[mid], rounds);
-}
+// Rows of `time_gelu`: a label and the call it times.
+struct Timed {
+  const char* label;
+  std::function<void()> call;
+};
 
-// The cluster scheme (mode 3, a process of its own: a protocol error there hangs rather than
-// fails): fused and D-only against the ping-pong kernel and cuBLASLt, alternating rounds.
-void time_gelu_cluster(int64_t m, int64_t n, int64_t k, int iters, int rounds) {
+// The fused kernels against the same kernels writing only D and against cuBLASLt's plain product
+// (alternating rounds; medians): what the epilogue costs in the GEMM. The pass it replaces (te's
+// gelu + cast-transpose of h, ~0.3 ms at 16384 x 16384 on the H200: benchmarks/NOTES.md) is not
+// timed here. cluster: the 2 x 1 cluster scheme beside ping-pong (mode 3, a process of its own:
+// a protocol error there hangs rather than fails), else ping-pong and cooperative tiles.
+void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds, bool cluster) {
   Problem x(m, n, k, true, true, true, true);
   GeluBuffers gb(m, n);
   const GemmArgs g = x.args(TE_DTYPE_BFLOAT16, 1.0f, 0.0f);
   Cublaslt lt(x, TE_DTYPE_BFLOAT16);
   EventTimer time(iters);
-  std::vector<float> cl, cl_d, pp, theirs;
-  for (int r = 0; r < rounds; ++r) {
-    cl.push_back(time([&] { run_gelu(x, gb, kClusterTiles); }));
-    cl_d.push_back(time([&] { run_variant(g, kTensorPingPongCluster); }));
-    pp.push_back(time([&] { run_gelu(x, gb, kPingPongTiles); }));
-    theirs.push_back(lt.found ? time([&] { lt.run(x, 1.0f, 0.0f); }) : NAN);
+  std::vector<Timed> rows = {{"ping-pong fused", [&] { run_gelu(x, gb, kPingPongTiles); }},
+                             {"ping-pong D only", [&] { run_variant(g, kTensorPingPong); }}};
+  if (cluster) {
+    rows.push_back({"cluster fused", [&] { run_gelu(x, gb, kClusterTiles); }});
+    rows.push_back({"cluster D only", [&] { run_variant(g, kTensorPingPongCluster); }});
+  } else {
+    rows.push_back({"cooperative fused", [&] { run_gelu(x, gb, kWideTiles); }});
+    rows.push_back({"cooperative D only", [&] { run_variant(g, kTensorWide); }});
   }
-  for (auto* v : {&cl, &cl_d, &pp, &theirs}) std::sort(v->begin(), v->end());
-  const int mid = rounds / 2;
-  std::printf(
-      "time gelu-epilogue group %2d M %5lld N %5lld K %5lld: cluster fused %.3f ms (D only %.3f), "
-      "ping-pong fused %.3f ms, cuBLASLt D only %.3f ms (medians of %d rounds)\n",
-      pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
-      static_cast<long long>(k), cl[mid], cl_d[mid], pp[mid], theirs[mid], rounds);
+  if (lt.found) rows.push_back({"cuBLASLt D only", [&] { lt.run(x, 1.0f, 0.0f); }});
+  std::vector<std::vector<float>> ms(rows.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < rows.size(); ++i) ms[i].push_back(time(rows[i].call));
+  }
+  std::printf("time gelu-epilogue group %2d M %5lld N %5lld K %5lld (medians of %d rounds):",
+              pr::g_group_m, static_cast<long long>(m), static_cast<long long>(n),
+              static_cast<long long>(k), rounds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::sort(ms[i].begin(), ms[i].end());
+    std::printf("%s %s %.3f ms", i == 0 ? "" : ",", rows[i].label, ms[i][rounds / 2]);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -1475,7 +1466,7 @@ int main(int argc, char** argv) {
       pr::g_group_m = group;
       time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPongCluster);
       time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPongCluster);
-      time_gelu_cluster(16384, 16384, 4096, iters, rounds);
+      time_gelu(16384, 16384, 4096, iters, rounds, true);
     }
     return fails;
   }
@@ -1505,7 +1496,7 @@ int main(int argc, char** argv) {
       time_variant(16384, 4096, 16384, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
       time_variant(16384, 4096, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, v);
     }
-    time_gelu(16384, 16384, 4096, iters, rounds);
+    time_gelu(16384, 16384, 4096, iters, rounds, false);
     for (const int group : {8, 16, 32}) {
       pr::g_group_m = group;
       time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, kTensorPingPong);
@@ -1513,7 +1504,7 @@ int main(int argc, char** argv) {
       time_variant(16384, 16384, 4096, TE_DTYPE_BFLOAT16, 0.0f, iters, rounds, 9);
     }
     pr::g_group_m = 16;
-    time_gelu(16384, 16384, 4096, iters, rounds);
+    time_gelu(16384, 16384, 4096, iters, rounds, false);
     return fails;
   }
   for (int v = 0; v < kVariantCount; ++v) {

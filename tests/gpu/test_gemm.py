@@ -55,6 +55,11 @@ def te_dtype(t) -> int:
     )
 
 
+def fp8_id(fmt: str) -> int:
+    """te's dtype id of an FP8 format named "e4m3" or "e5m2"."""
+    return int(D.FLOAT8_E4M3 if fmt == "e4m3" else D.FLOAT8_E5M2)
+
+
 def desc(t, dtype: int | None = None):
     assert t.is_contiguous()
     dt = te_dtype(t) if dtype is None else dtype
@@ -97,7 +102,7 @@ def fp8_operand(x, fmt="e4m3", mode=None):
     """x (a CPU tensor, the source) quantized on the GPU by te with both copies."""
     torch = _torch()
     mode = M.PER_TENSOR if mode is None else mode
-    e = int(D.FLOAT8_E4M3 if fmt == "e4m3" else D.FLOAT8_E5M2)
+    e = fp8_id(fmt)
     f = int(D.FLOAT32)
     xc = x.cuda()
     rows, cols = x.shape
@@ -167,7 +172,7 @@ def run(device, a, b, m, n, out_dtype, *, d_init=None, fp8_out=None, amax_init=0
         )
         dq = _C.QuantizedTensor(int(M.PER_TENSOR), rowwise_data=desc(d))
     else:
-        e = int(D.FLOAT8_E4M3 if fp8_out == "e4m3" else D.FLOAT8_E5M2)
+        e = fp8_id(fp8_out)
         d = torch.full((m, n), POISON_BYTE, dtype=torch.uint8, device=device)
         scale = torch.tensor([fp8_out_scale], dtype=torch.float32, device=device)
         amax = torch.full((1,), amax_init, device=device)
@@ -425,7 +430,7 @@ def run_act_fp8(
     """te_gemm GELU_AUX (aux written: pass its dtype) or DGELU (aux read: pass the tensor) into an
     FP8 D with both copies on `device`; CPU copies of every buffer back."""
     torch = _torch()
-    e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
+    e = fp8_id(out_fmt)
     t = {
         "aux": torch.full((m, n), float("nan"), dtype=aux, device=device)
         if isinstance(aux, torch.dtype)
@@ -505,7 +510,7 @@ def test_fp8_gelu_output(shape, split, with_bias, aux_dtype, out_fmt, amax_init)
     gpu = run_act_fp8("cuda", A, B, m, n, out_fmt, amax_init, **kw)
     assert_close(gpu["aux"], cpu["aux"], 1e-2, "aux")
     # te_activation_fwd of the GPU's aux on the CPU: what D must hold
-    e = int(D.FLOAT8_E4M3 if out_fmt == "e4m3" else D.FLOAT8_E5M2)
+    e = fp8_id(out_fmt)
     row = torch.full((m, n), POISON_BYTE, dtype=torch.uint8)
     amax = torch.full((1,), amax_init)
     sinv, scale = torch.zeros(1), torch.tensor([fp8_out_scale])

@@ -343,17 +343,21 @@ void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor*
   args.d_dtype = cfg.aux.dtype;
   args.aux = nullptr;
   args.bias_grad = nullptr;
-  if (dgelu) {
-    // The product is te_activation_bwd's grad, rounded to aux's dtype; the backend holds it.
-    ActivationBwdArgs act{};
+  // What te_activation_fwd / _bwd read: gelu of aux, [M, N].
+  auto gelu_of_aux = [&](auto& act) {
     act.activation = TE_ACTIVATION_GELU;
-    act.grad = nullptr;
-    act.grad_dtype = cfg.aux.dtype;
     act.input = cfg.aux.data;
     act.in_dtype = cfg.aux.dtype;
     act.rows = args.m;
     act.cols = args.n;
     act.in_cols = args.n;
+  };
+  if (dgelu) {
+    // The product is te_activation_bwd's grad, rounded to aux's dtype; the backend holds it.
+    ActivationBwdArgs act{};
+    gelu_of_aux(act);
+    act.grad = nullptr;
+    act.grad_dtype = cfg.aux.dtype;
     act.dx = out;
     act.dbias = present(cfg.bias_grad) ? cfg.bias_grad.data : nullptr;
     act.dbias_dtype = cfg.bias_grad.dtype;
@@ -364,13 +368,8 @@ void gemm_act_fp8(GemmArgs args, const te_gemm_config& cfg, te_quantized_tensor*
     return;
   }
   ActivationFwdArgs act{};
+  gelu_of_aux(act);
   act.out = out;
-  act.activation = TE_ACTIVATION_GELU;
-  act.input = cfg.aux.data;
-  act.in_dtype = cfg.aux.dtype;
-  act.rows = args.m;
-  act.cols = args.n;
-  act.in_cols = args.n;
   args.d = cfg.aux.data;
   args.epilogue = present(cfg.bias) ? TE_EPILOGUE_BIAS : TE_EPILOGUE_DEFAULT;
   dispatch(device, device_name, [&] { cpu::gemm_gelu(args, act, stream); },
