@@ -190,6 +190,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_transpose_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_ffi_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_act_ffi_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(te_gemm_act_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_fwd_ffi_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_fwd_ffi_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(te_norm_bwd_ffi_cpu);

@@ -25,6 +25,24 @@
 // alpha, beta, epilogue (te_gemm_epilogue), has_bias, use_split_accumulator (-1, 0, 1),
 // a_columnwise_rht, b_columnwise_rht.
 // No workspace: te keeps a cuBLASLt workspace per stream on CUDA.
+//
+// te_gemm_act_ffi: te_gemm's GELU_AUX / DGELU with a per-tensor FP8 output (te/gemm.h), an MLP's
+// FC1 with gelu quantized for FC2, or FC2's dgrad with the gelu backward quantized for FC1's
+// backward GEMMs, under delayed scaling. Per-tensor FP8 operands only.
+// Operands:
+//   0-3 a_data, a_scale_inv, b_data, b_scale_inv as te_gemm_ffi's.
+//   4 bias: [N] when has_bias (GELU_AUX), else [0].
+//   5 aux_in: the saved pre-activation [M, N] (DGELU), else [0].
+//   6 scale: D's fp32 [1] delayed scale (read).
+//   7 amax_in: fp32 [1], aliased to result 4: te_gemm max-accumulates D's amax, so te_jax passes
+//     zeros for this op's own amax.
+// Results: 0-5 D's quantized parts in te_core._ops.QUANTIZE_OUTPUTS order (rowwise [M, N], its
+//   scale_inv, columnwise [N, M] and its scale_inv or [0] each, amax [1], scale [0]); 6 aux: the
+//   pre-activation [M, N] (GELU_AUX) or [0]; 7 bias_grad [N] (DGELU with has_bias_grad) or [0];
+//   8 product [M, N] of aux's dtype (DGELU: te_gemm_config.dgelu_product, XLA's scratch for the
+//   product where te runs the GEMM and the activation pass separately) or [0].
+// Attributes: a_columnwise, b_columnwise, trans_a, trans_b, epilogue (GELU_AUX or DGELU),
+// has_bias, has_bias_grad, use_split_accumulator, columnwise (D's column-wise copy wanted).
 #include "ffi_common.h"
 
 namespace te::xla_ffi {
@@ -96,6 +114,54 @@ ffi::Error gemm(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
 
+ffi::Error gemm_act(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf b_data,
+                    Buf b_scale_inv, Buf bias, Buf aux_in, Buf scale_in, Buf amax_in,
+                    Ret rowwise_data, Ret rowwise_scale_inv, Ret columnwise_data,
+                    Ret columnwise_scale_inv, Ret amax, Ret scale, Ret aux, Ret bias_grad,
+                    Ret product, bool a_columnwise, bool b_columnwise, bool trans_a,
+                    bool trans_b, int32_t epilogue, bool has_bias, bool has_bias_grad,
+                    int32_t use_split_accumulator, bool columnwise) {
+  if (epilogue != TE_EPILOGUE_GELU_AUX && epilogue != TE_EPILOGUE_DGELU) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "epilogue: expected GELU_AUX (2) or DGELU (3) for te_gemm_act_ffi, got " +
+                          std::to_string(epilogue));
+  }
+  const bool dgelu = epilogue == TE_EPILOGUE_DGELU;
+  te_quantized_tensor a, b;
+  // Per-tensor operands carry no amax of their own: operand() leaves it absent.
+  TE_FFI_RETURN_IF_ERROR(operand(a_data, a_scale_inv, amax_in, device, TE_SCALING_PER_TENSOR,
+                                 a_columnwise, false, "a_data", "a_scale_inv", "a_amax", &a));
+  TE_FFI_RETURN_IF_ERROR(operand(b_data, b_scale_inv, amax_in, device, TE_SCALING_PER_TENSOR,
+                                 b_columnwise, false, "b_data", "b_scale_inv", "b_amax", &b));
+  te_quantized_tensor d;
+  bool reset_amax;
+  TE_FFI_RETURN_IF_ERROR(describe_output(device, true, TE_SCALING_PER_TENSOR, true, columnwise,
+                                         false, scale_in, amax_in, rowwise_data,
+                                         rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                                         amax, scale, &d, &reset_amax));
+  if (reset_amax || amax_in.untyped_data() != amax->untyped_data()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "amax_in: expected fp32 [1] aliased to result 4 (amax) through "
+                      "input_output_aliases (te_gemm max-accumulates D's amax into it)");
+  }
+  te_gemm_config config = te_gemm_config_init();
+  config.trans_a = trans_a;
+  config.trans_b = trans_b;
+  config.epilogue = epilogue;
+  config.use_split_accumulator = use_split_accumulator;
+  TE_FFI_RETURN_IF_ERROR(describe(bias, device, has_bias, "bias", &config.bias));
+  if (dgelu) {
+    TE_FFI_RETURN_IF_ERROR(describe(aux_in, device, true, "aux_in", &config.aux));
+    TE_FFI_RETURN_IF_ERROR(describe(product, device, true, "product", &config.dgelu_product));
+  } else {
+    TE_FFI_RETURN_IF_ERROR(describe(aux, device, true, "aux", &config.aux));
+  }
+  TE_FFI_RETURN_IF_ERROR(describe(bias_grad, device, has_bias_grad, "bias_grad",
+                                  &config.bias_grad));
+  const te_status status = te_gemm(&a, &b, &d, &config, stream);
+  return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
+}
+
 template <typename Binding>
 auto bind_gemm(Binding binding) {
   return std::move(binding)
@@ -126,6 +192,31 @@ auto bind_gemm(Binding binding) {
       .template Attr<bool>("b_columnwise_rht");
 }
 
+template <typename Binding>
+auto bind_gemm_act(Binding binding) {
+  return ret_quantized_parts(std::move(binding)
+                                 .template Arg<Buf>()   // a_data
+                                 .template Arg<Buf>()   // a_scale_inv
+                                 .template Arg<Buf>()   // b_data
+                                 .template Arg<Buf>()   // b_scale_inv
+                                 .template Arg<Buf>()   // bias or [0]
+                                 .template Arg<Buf>()   // aux_in (DGELU) or [0]
+                                 .template Arg<Buf>()   // scale
+                                 .template Arg<Buf>())  // amax_in (aliased to result 4)
+      .template Ret<Buf>()  // aux (GELU_AUX) or [0]
+      .template Ret<Buf>()  // bias_grad or [0]
+      .template Ret<Buf>()  // product (DGELU) or [0]
+      .template Attr<bool>("a_columnwise")
+      .template Attr<bool>("b_columnwise")
+      .template Attr<bool>("trans_a")
+      .template Attr<bool>("trans_b")
+      .template Attr<int32_t>("epilogue")
+      .template Attr<bool>("has_bias")
+      .template Attr<bool>("has_bias_grad")
+      .template Attr<int32_t>("use_split_accumulator")
+      .template Attr<bool>("columnwise");
+}
+
 }  // namespace
 }  // namespace te::xla_ffi
 
@@ -133,3 +224,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_ffi_cpu, te::xla_ffi::on_cpu(te::xla_ffi::
                               te::xla_ffi::bind_gemm(te::xla_ffi::cpu_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_ffi_cuda, te::xla_ffi::on_cuda(te::xla_ffi::gemm),
                               te::xla_ffi::bind_gemm(te::xla_ffi::cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_act_ffi_cpu, te::xla_ffi::on_cpu(te::xla_ffi::gemm_act),
+                              te::xla_ffi::bind_gemm_act(te::xla_ffi::cpu_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(te_gemm_act_ffi_cuda, te::xla_ffi::on_cuda(te::xla_ffi::gemm_act),
+                              te::xla_ffi::bind_gemm_act(te::xla_ffi::cuda_binding()));

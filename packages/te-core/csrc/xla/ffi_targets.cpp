@@ -28,6 +28,7 @@ constexpr Target kTargets[] = {
     {"te_amax_ffi", te_amax_ffi_cpu, te_amax_ffi_cuda},
     {"te_transpose_ffi", te_transpose_ffi_cpu, te_transpose_ffi_cuda},
     {"te_gemm_ffi", te_gemm_ffi_cpu, te_gemm_ffi_cuda},
+    {"te_gemm_act_ffi", te_gemm_act_ffi_cpu, te_gemm_act_ffi_cuda},
     {"te_norm_fwd_ffi", te_norm_fwd_ffi_cpu, te_norm_fwd_ffi_cuda},
     {"te_norm_bwd_ffi", te_norm_bwd_ffi_cpu, te_norm_bwd_ffi_cuda},
     {"te_act_fwd_ffi", te_act_fwd_ffi_cpu, te_act_fwd_ffi_cuda},

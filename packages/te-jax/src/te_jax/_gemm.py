@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from te_core import _C, _ops
 
-from te_jax import _dtypes, _ffi
+from te_jax import _dtypes, _ffi, _fused
 from te_jax._scaled_tensor import ScaledTensor
 
 _EPILOGUE = {name.lower(): int(value) for name, value in _C.Epilogue.__members__.items()}
@@ -320,4 +320,152 @@ def _gemm(
         use_split_accumulator=np.int32(split),
         a_columnwise_rht=np.bool_(a_rht),
         b_columnwise_rht=np.bool_(b_rht),
+    )
+
+
+def gemm_gelu_fp8(
+    x,
+    w,
+    fp8: _fused.Fp8Out,
+    scale,
+    *,
+    bias=None,
+    aux_dtype=None,
+    gelu_input=None,
+    bias_grad: bool = False,
+    use_split_accumulator: bool | None = None,
+    trans_a: bool = False,
+    trans_b: bool = True,
+):
+    """An MLP's GEMM with gelu fused, quantized under delayed scaling: te_gemm's GELU_AUX or
+    DGELU with a per-tensor FP8 output (te/gemm.h), one te-core call the backend may run as one
+    kernel.
+
+    x, w: per-tensor FP8 ScaledTensors, laid out as in ``gemm``; op(x) [M, K], op(w) [K, N].
+    fp8: the output's format (``delayed`` per-tensor, row-wise and optionally column-wise);
+    scale: its fp32 [1] delayed scale.
+    Without ``gelu_input`` (FC1): pre = op(x) op(w) (+ bias [N]) rounded to ``aux_dtype``
+    (default: x's source dtype); returns (gelu(pre) as a ScaledTensor [M, N], pre, None), the
+    same bytes as ``gemm`` then te's activation forward with that output.
+    With ``gelu_input`` (FC2's dgrad; the saved pre [M, N]): g = op(x) op(w) rounded to
+    gelu_input's dtype; returns (g * gelu'(gelu_input) as a ScaledTensor, None, dbias [N] in
+    gelu_input's dtype if ``bias_grad`` else None), the bytes of te's activation backward of g.
+    The ScaledTensor's amax is this call's alone.
+    """
+    a = _Operand(x, "x", trans_a, rowwise_wanted=not trans_a)
+    b = _Operand(w, "w", trans_b, rowwise_wanted=trans_b)
+    for name, op in (("x", a), ("w", b)):
+        if op.mode != _PER_TENSOR or op.scale_inv is None:
+            raise TypeError(f"{name}: expected a per-tensor FP8 ScaledTensor")
+    if not (fp8.delayed and fp8.per_tensor and fp8.rowwise):
+        raise ValueError(f"fp8: expected a delayed per-tensor output with its row-wise copy, got {fp8}")
+    m, n, _ = _ops.gemm_dims(a.shape, b.shape, trans_a, trans_b)
+    dgelu = gelu_input is not None
+    if dgelu:
+        gelu_input = _array(gelu_input, "gelu_input")
+        aux_dtype = np.dtype(gelu_input.dtype)
+    else:
+        if bias_grad:
+            raise ValueError("bias_grad: expected False without gelu_input (only DGELU writes it)")
+        aux_dtype = a.dq_dtype if aux_dtype is None else aux_dtype
+    aux_dtype = _dtypes.as_dtype(aux_dtype, "aux_dtype", _dtypes.SOURCE)
+    if bias is not None:
+        if dgelu:
+            raise ValueError("bias: expected None with gelu_input (DGELU adds no bias)")
+        bias = _array(bias, "bias")
+    if use_split_accumulator is None:
+        split = -1
+    else:
+        split = int(_check_flag(use_split_accumulator, "use_split_accumulator"))
+    parts = _gemm_act(
+        a.data,
+        a.scale_inv,
+        b.data,
+        b.scale_inv,
+        bias,
+        gelu_input,
+        _fused.as_scale(scale),
+        m=m,
+        n=n,
+        a_columnwise=a.columnwise,
+        b_columnwise=b.columnwise,
+        trans_a=_check_flag(trans_a, "trans_a"),
+        trans_b=_check_flag(trans_b, "trans_b"),
+        fp8=fp8,
+        aux_dtype=aux_dtype,
+        dgelu=dgelu,
+        bias_grad=_check_flag(bias_grad, "bias_grad"),
+        split=split,
+    )
+    d = _fused.assemble(parts[:6], (m, n), aux_dtype, fp8, scale)
+    return d, (None if dgelu else parts[6]), (parts[7] if bias_grad else None)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "m",
+        "n",
+        "a_columnwise",
+        "b_columnwise",
+        "trans_a",
+        "trans_b",
+        "fp8",
+        "aux_dtype",
+        "dgelu",
+        "bias_grad",
+        "split",
+    ),
+)
+def _gemm_act(
+    a_data,
+    a_scale_inv,
+    b_data,
+    b_scale_inv,
+    bias,
+    gelu_input,
+    scale,
+    *,
+    m,
+    n,
+    a_columnwise,
+    b_columnwise,
+    trans_a,
+    trans_b,
+    fp8,
+    aux_dtype,
+    dgelu,
+    bias_grad,
+    split,
+):
+    aux = _dtypes.to_te(aux_dtype)
+    absent_spec = _ops.TensorSpec(_ops.ABSENT_SHAPE, aux)
+    mn = _ops.TensorSpec((m, n), aux)
+    specs = _fused.output_specs((m, n), aux_dtype, fp8) + (
+        absent_spec if dgelu else mn,
+        _ops.TensorSpec((n,) if bias_grad else _ops.ABSENT_SHAPE, aux),
+        mn if dgelu else absent_spec,
+    )
+    absent = jnp.zeros(_ops.ABSENT_SHAPE, _F32)
+    return _ffi.call(
+        _ffi.GEMM_ACT,
+        specs,
+        a_data,
+        a_scale_inv,
+        b_data,
+        b_scale_inv,
+        absent if bias is None else bias,
+        absent if gelu_input is None else gelu_input,
+        scale,
+        jnp.zeros((1,), _F32),  # this call's amax: te_gemm max-accumulates into it
+        aliases={7: 4},
+        a_columnwise=np.bool_(a_columnwise),
+        b_columnwise=np.bool_(b_columnwise),
+        trans_a=np.bool_(trans_a),
+        trans_b=np.bool_(trans_b),
+        epilogue=np.int32(_EPILOGUE["dgelu" if dgelu else "gelu_aux"]),
+        has_bias=np.bool_(bias is not None),
+        has_bias_grad=np.bool_(bias_grad),
+        use_split_accumulator=np.int32(split),
+        columnwise=np.bool_(fp8.columnwise),
     )
