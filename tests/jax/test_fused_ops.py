@@ -166,6 +166,58 @@ def test_mlp_return_layernorm_output(r):
         assert rel(a, m + n) <= 1e-5
 
 
+def _mlp_step(r, acts):
+    """jit of (y, grads of the seven arrays, the next recipe state) of layernorm_mlp."""
+
+    def f(x, g, b, k1, b1, k2, b2, state, dy):
+        def op(x, g, b, k1, b1, k2, b2, state):
+            return te_jax.layernorm_mlp(
+                x, g, b, k1, b1, k2, b2, activations=acts, recipe=r, recipe_state=state
+            )[0]
+
+        y, vjp = jax.vjp(op, x, g, b, k1, b1, k2, b2, state)
+        return y, vjp(dy)
+
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_mlp_delayed_gelu_runs_in_the_gemms(dtype, bias, monkeypatch):
+    """DelayedScaling with ("gelu",): FC1's GEMM writes gelu's FP8 copies and FC2's dgrad the
+    gelu backward's (te_gemm_act_ffi, te/gemm.h's fused forms, one call each), with the bytes
+    of the separate GEMM and activation calls: y, every gradient and the next state alike."""
+    r, acts = RECIPES["delayed"], ("gelu",)
+    x, g, b, k1, b1, k2, b2, dy = make_mlp(acts=acts, bias=bias, seed=8, dtype=dtype)
+    state = te_jax.init_recipe_state(r, "layernorm_mlp")
+    # a non-trivial state, so the scales the fused calls take matter
+    state = jax.tree_util.tree_map(lambda v: v * 2.0 if v.shape == (1,) else v, state)
+    args = (x, g, b, k1, b1, k2, b2, state, dy)
+    fused = _mlp_step(r, acts)
+    assert fused.lower(*args).as_text().count("te_gemm_act_ffi") == 2
+    y, grads = fused(*args)
+    monkeypatch.setattr(te_jax._layernorm_mlp, "gelu_in_gemm", lambda q, kind: False)
+    separate = _mlp_step(r, acts)
+    assert separate.lower(*args).as_text().count("te_gemm_act_ffi") == 0
+    y0, grads0 = separate(*args)
+    leaves, leaves0 = jax.tree_util.tree_leaves((y, grads)), jax.tree_util.tree_leaves((y0, grads0))
+    assert len(leaves) == len(leaves0) == 1 + 5 + (2 if bias else 0) + len(state)
+    for a, c in zip(leaves, leaves0, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(c.astype(jnp.float32)))
+    assert float(jnp.abs(grads[3]).sum()) > 0
+
+
+@pytest.mark.parametrize("name,acts", [("current", ("gelu",)), ("delayed", ("gelu", "linear"))])
+def test_mlp_other_recipes_and_activations_run_separately(name, acts):
+    """Only delayed scaling's plain gelu has its scale before the GEMM runs: the rest call the
+    activation kernels."""
+    r = RECIPES[name]
+    x, g, b, k1, b1, k2, b2, dy = make_mlp(acts=acts, seed=9)
+    state = te_jax.init_recipe_state(r, "layernorm_mlp")
+    text = _mlp_step(r, acts).lower(x, g, b, k1, b1, k2, b2, state, dy).as_text()
+    assert text.count("te_gemm_act_ffi") == 0 and text.count("te_act_fwd_ffi") == 1
+
+
 @pytest.mark.parametrize(
     "name,kind",
     [

@@ -8,7 +8,10 @@ Forward (each quantization fused into the kernel before it where the recipe allo
     y      = act @ kernel_2 + b2     kernel_2 [F, H]
 Backward: dy quantized ("fc2_grad", dbias fused), d act = dy @ kernel_2^T, te's activation
 backward writes d pre quantized ("fc1_grad", dbias fused), d ln_out = d pre @ kernel_1^T, te's
-norm backward gives dx, dgamma, dbeta. Kept for the backward: x, mu, rsigma, gamma, pre, the
+norm backward gives dx, dgamma, dbeta. A plain gelu under DelayedScaling, whose output scales
+are known before the GEMMs run, makes fc1 + gelu and fc2's dgrad + gelu's backward one te_gemm
+call each (GELU_AUX / DGELU with an FP8 output, te/gemm.h: the same bytes as the two calls, one
+kernel where the backend fuses them). Kept for the backward: x, mu, rsigma, gamma, pre, the
 column-wise copies of ln_out and act, and the row-wise copies of both kernels.
 
 Sharding, Megatron-style: x's rows split (data parallel); F split over the tensor-parallel axes
@@ -33,8 +36,11 @@ from te_jax._linear import (
     Roles,
     act_grad_quantize,
     act_quantize,
+    gelu_in_gemm,
     linear_bwd,
+    linear_dgelu_bwd,
     linear_fwd,
+    linear_gelu_fwd,
     norm_backward,
     norm_quantize,
     quantize_grad,
@@ -243,17 +249,22 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
         train=st.train,
     )
     b1 = None if b1 is None else jnp.reshape(b1, (width,))
-    pre, res1, amaxes = linear_fwd(
-        plan, FC1, ax1, lnq, jnp.reshape(k1, (st.h, width)), b1, scales, st.x_dtype, rng1, st.train
-    )
-    actq, a2 = act_quantize(
-        pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2, train=st.train
-    )
+    k1 = jnp.reshape(k1, (st.h, width))
+    if gelu_in_gemm(plan.x, st.kind):
+        actq, pre, res1, amaxes = linear_gelu_fwd(
+            plan, FC1, ax1, lnq, k1, b1, scales, FC2.x, st.rows + st.tp, st.x_dtype, rng1, st.train
+        )
+    else:
+        pre, res1, amaxes = linear_fwd(plan, FC1, ax1, lnq, k1, b1, scales, st.x_dtype, rng1, st.train)
+        actq, a2 = act_quantize(
+            pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2, train=st.train
+        )
+        if a2 is not None:
+            amaxes[FC2.x] = a2
     y, res2, amaxes2 = linear_fwd(plan, FC2, ax2, actq, k2, b2, scales, st.x_dtype, rng2, st.train)
     amaxes.update(amaxes2)
-    for role, a in ((FC1.x, a1), (FC2.x, a2)):
-        if a is not None:
-            amaxes[role] = a
+    if a1 is not None:
+        amaxes[FC1.x] = a1
     ln_out = None if ln_out is None else jnp.reshape(ln_out[:m], x.shape)
     res = (x2, mu, rsigma, gamma, pre, res1, res2)
     return (jnp.reshape(y[:m], lead + (st.h,)), ln_out), st.layout.pack(res), amaxes
@@ -268,10 +279,16 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
     lead = dy.shape[:-1]
     dy2, m = _token_pad.pad_zeros(plan, jnp.reshape(dy, (-1, st.h)).astype(st.x_dtype))
     dyq, db2, amaxes = quantize_grad(plan, FC2, ax2, dy2, st.b2_dtype is not None, scales, rng2)
-    dact, dk2 = linear_bwd(plan, ax2, res2, dyq, st.x_dtype, st.k2_dtype)
-    dpreq, db1, amaxes1 = act_grad_quantize(
-        plan, FC1, dact, pre, st.kind, st.b1_dtype is not None, st.rows + st.tp, scales, rng1
-    )
+    has_b1 = st.b1_dtype is not None
+    if gelu_in_gemm(plan.grad, st.kind):
+        dpreq, db1, amaxes1, dk2 = linear_dgelu_bwd(
+            plan, FC1.grad, ax2, res2, dyq, pre, has_b1, st.rows + st.tp, scales, st.k2_dtype
+        )
+    else:
+        dact, dk2 = linear_bwd(plan, ax2, res2, dyq, st.x_dtype, st.k2_dtype)
+        dpreq, db1, amaxes1 = act_grad_quantize(
+            plan, FC1, dact, pre, st.kind, has_b1, st.rows + st.tp, scales, rng1
+        )
     amaxes.update(amaxes1)
     dln_out, dk1 = linear_bwd(plan, ax1, res1, dpreq, st.x_dtype, st.k1_dtype)
     if dln is not None:

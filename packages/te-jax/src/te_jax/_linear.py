@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from te_core import _ops
 
 from te_jax import _sharding
 from te_jax._activation import act_bwd, act_fwd, dbias_quantize
+from te_jax._gemm import gemm_gelu_fp8
 from te_jax._norm import norm_bwd, norm_fwd
 from te_jax._quantizer import Plan, Quantizer, bias_for, keep, mm, quantize_operand
 
@@ -47,15 +49,14 @@ def _fused_ok(q: Quantizer | None, reduce_axes: Axes) -> bool:
     return q is not None and q.fusable and not (q.kind == "current" and reduce_axes)
 
 
-def linear_fwd(
-    plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, scales, out_dtype, rng=None, train=True
-):
-    """y = x @ kernel (+ bias) from x's operand ``xq`` (quantize_operand's, both copies).
+def gelu_in_gemm(q: Quantizer | None, kind: int) -> bool:
+    """Whether a GEMM writes gelu's quantized output itself (te_gemm's GELU_AUX / DGELU with an
+    FP8 output, te/gemm.h): gelu into a delayed per-tensor output, whose scale is known before
+    the GEMM runs (the GEMM's operands are then per-tensor FP8 too: one recipe)."""
+    return q is not None and q.kind == "delayed" and kind == _ops.ACTIVATIONS["gelu"]
 
-    Returns (y [M, N] in out_dtype, residuals (x's column-wise copy, the kernel's row-wise
-    copy), {kernel role: amax} for delayed scaling). ``train`` False (an inference forward): the
-    kernel gets only the copy fprop reads, the residuals hold no data.
-    """
+
+def _kernel_operand(plan: Plan, roles: Roles, axes: LinearAxes, kernel, scales, rng, train):
     wq, w_amax = quantize_operand(
         kernel,
         plan.w,
@@ -65,6 +66,23 @@ def linear_fwd(
         scale=scales.get(roles.kernel),
         rng=rng,
     )
+    return wq, ({} if w_amax is None else {roles.kernel: w_amax})
+
+
+def _residuals(xq, wq, train):
+    return (keep(xq, rowwise=False), keep(wq, rowwise=True)) if train else None
+
+
+def linear_fwd(
+    plan: Plan, roles: Roles, axes: LinearAxes, xq, kernel, bias, scales, out_dtype, rng=None, train=True
+):
+    """y = x @ kernel (+ bias) from x's operand ``xq`` (quantize_operand's, both copies).
+
+    Returns (y [M, N] in out_dtype, residuals (x's column-wise copy, the kernel's row-wise
+    copy), {kernel role: amax} for delayed scaling). ``train`` False (an inference forward): the
+    kernel gets only the copy fprop reads, the residuals hold no data.
+    """
+    wq, amaxes = _kernel_operand(plan, roles, axes, kernel, scales, rng, train)
     if axes.k:  # row-parallel: partial sums over the split K, the bias added once after them
         y = mm(xq, wq, trans_b=False, out_dtype=out_dtype, split=plan.split_fprop)
         y = _sharding.psum(y, axes.k)
@@ -74,8 +92,43 @@ def linear_fwd(
         y = mm(
             xq, wq, trans_b=False, out_dtype=out_dtype, bias=bias_for(bias, out_dtype), split=plan.split_fprop
         )
-    amaxes = {} if w_amax is None else {roles.kernel: w_amax}
-    return y, (keep(xq, rowwise=False), keep(wq, rowwise=True)) if train else None, amaxes
+    return y, _residuals(xq, wq, train), amaxes
+
+
+def linear_gelu_fwd(
+    plan: Plan,
+    roles: Roles,
+    axes: LinearAxes,
+    xq,
+    kernel,
+    bias,
+    scales,
+    act_role: str,
+    act_axes: Axes,
+    out_dtype,
+    rng=None,
+    train=True,
+):
+    """linear_fwd, then gelu quantized for the next GEMM as act_quantize's, in one te_gemm call
+    (GELU_AUX with an FP8 output; needs gelu_in_gemm(plan.x, gelu) and N not reduced over
+    ``axes.k``).
+
+    Returns (gelu's operand, pre [M, N] in out_dtype, residuals, {kernel role, ``act_role``:
+    amax}, the latter max-reduced over ``act_axes``).
+    """
+    wq, amaxes = _kernel_operand(plan, roles, axes, kernel, scales, rng, train)
+    actq, pre, _ = gemm_gelu_fp8(
+        xq,
+        wq,
+        plan.x.fp8_out(True, train),
+        scales[act_role],
+        bias=bias_for(bias, out_dtype),
+        aux_dtype=out_dtype,
+        use_split_accumulator=plan.split_fprop,
+        trans_b=False,
+    )
+    amaxes[act_role] = _sharding.pmax(actq.amax, act_axes)
+    return actq, pre, _residuals(xq, wq, train), amaxes
 
 
 def quantize_grad(plan: Plan, roles: Roles, axes: LinearAxes, dy, has_bias: bool, scales, rng=None):
@@ -106,14 +159,52 @@ def quantize_grad(plan: Plan, roles: Roles, axes: LinearAxes, dy, has_bias: bool
     return dyq, dbias, amaxes
 
 
+def _wgrad(plan: Plan, axes: LinearAxes, x_saved, dyq, k_dtype):
+    dk = mm(x_saved, dyq, trans_a=True, trans_b=False, out_dtype=k_dtype, split=plan.split_wgrad)
+    return _sharding.psum(dk, axes.rows)
+
+
 def linear_bwd(plan: Plan, axes: LinearAxes, res, dyq, x_dtype, k_dtype):
     """(dx [M, K], dkernel [K, N]) from linear_fwd's residuals and dy's operand, with the
     partial sums reduced: dx over the split N (column-parallel), dkernel over the rows."""
     x_saved, w_saved = res
     dx = mm(dyq, w_saved, trans_b=True, out_dtype=x_dtype, split=plan.split_dgrad)
     dx = _sharding.psum(dx, axes.n)
-    dk = mm(x_saved, dyq, trans_a=True, trans_b=False, out_dtype=k_dtype, split=plan.split_wgrad)
-    return dx, _sharding.psum(dk, axes.rows)
+    return dx, _wgrad(plan, axes, x_saved, dyq, k_dtype)
+
+
+def linear_dgelu_bwd(
+    plan: Plan,
+    grad_role: str,
+    axes: LinearAxes,
+    res,
+    dyq,
+    pre,
+    has_bias: bool,
+    reduce_axes: Axes,
+    scales,
+    k_dtype,
+):
+    """linear_bwd, then act_grad_quantize's gelu backward of dx with pre, in one te_gemm call
+    for dx (DGELU with an FP8 output; needs gelu_in_gemm(plan.grad, gelu) and dx not reduced
+    over ``axes.n``).
+
+    Returns (d pre's operand, its dbias float32 or None, {``grad_role``: amax} max-reduced over
+    ``reduce_axes``, dkernel).
+    """
+    x_saved, w_saved = res
+    dq, _, dbias = gemm_gelu_fp8(
+        dyq,
+        w_saved,
+        plan.grad.fp8_out(True, True),
+        scales[grad_role],
+        gelu_input=pre,
+        bias_grad=has_bias,
+        use_split_accumulator=plan.split_dgrad,
+    )
+    amaxes = {grad_role: _sharding.pmax(dq.amax, reduce_axes)}
+    dbias = None if dbias is None else dbias.astype(jnp.float32)
+    return dq, dbias, amaxes, _wgrad(plan, axes, x_saved, dyq, k_dtype)
 
 
 def norm_quantize(
