@@ -193,13 +193,19 @@ def test_mlp_delayed_gelu_runs_in_the_gemms(dtype, bias, monkeypatch):
     # a non-trivial state, so the scales the fused calls take matter
     state = jax.tree_util.tree_map(lambda v: v * 2.0 if v.shape == (1,) else v, state)
     args = (x, g, b, k1, b1, k2, b2, state, dy)
+
+    def infer(*a):  # the primal alone: the inference forward, no column-wise copies
+        return te_jax.layernorm_mlp(*a[:7], activations=acts, recipe=r, recipe_state=a[7])[0]
+
     fused = _mlp_step(r, acts)
     assert fused.lower(*args).as_text().count("te_gemm_act_ffi") == 2
     y, grads = fused(*args)
+    y_infer = jax.jit(infer)(*args[:8])
     monkeypatch.setattr(te_jax._layernorm_mlp, "gelu_in_gemm", lambda q, kind: False)
     separate = _mlp_step(r, acts)
     assert separate.lower(*args).as_text().count("te_gemm_act_ffi") == 0
     y0, grads0 = separate(*args)
+    np.testing.assert_array_equal(np.asarray(y_infer.astype(jnp.float32)), np.asarray(y0.astype(jnp.float32)))
     leaves, leaves0 = jax.tree_util.tree_leaves((y, grads)), jax.tree_util.tree_leaves((y0, grads0))
     assert len(leaves) == len(leaves0) == 1 + 5 + (2 if bias else 0) + len(state)
     for a, c in zip(leaves, leaves0, strict=True):
