@@ -246,7 +246,7 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void bar_arrive_remote(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote)
                : "memory");
 }
 __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map,
