@@ -9,8 +9,9 @@ norm-parameter gradients are sums over 512 tokens of E5M2 values, measured up to
 MXFP8 and NVFP4 included: their block scales re-quantize GEMM results too, and NVFP4's
 stochastic rounding draws the same Philox bits on both backends); 1e-2 in bfloat16 (3e-2 with
 Float8CurrentScaling and DelayedScaling); the next DelayedScaling state to 1e-3 (1e-2 in
-bfloat16). Under FP8 the backends differ first by the H200's FP8 tensor-core rounding (~1e-4; fast accumulation in fprop under Float8CurrentScaling and
-DelayedScaling, ~2e-3: tests/gpu/test_gemm.py), then every value quantized again from a GEMM
+bfloat16). Under FP8 the backends differ first by the H200's FP8 tensor-core rounding (~1e-4;
+fast accumulation in fprop under Float8CurrentScaling and DelayedScaling, ~2e-3:
+tests/gpu/test_gemm.py), then every value quantized again from a GEMM
 result (FC2's input, the E5M2 gradient of a loss of y) lands one FP8 step (6-25%) apart where it
 sat near a rounding boundary: measured 0.2-3.6% normwise on the H200 (2026-11-30), amaxes of GEMM
 outputs 1.1e-4 apart. A scale, layout or copy error is an error near 1.
