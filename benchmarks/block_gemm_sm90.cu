@@ -30,7 +30,8 @@
 // cuBLASLt's per-tensor kernel with fast accumulation: whether a GEMM of te's own can match the
 // kernels a fused epilogue would replace (benchmarks/NOTES.md, thirty-second session); and the
 // fused fc1 epilogue itself on the ping-pong tiles (h, gelu(h)'s two FP8 copies and amax),
-// checked against te's own gelu and FP8 conversion and timed against the same kernel without it.
+// checked against te's own gelu and FP8 conversion and timed against the same kernel without it,
+// each scheme also with its stores in whole sectors ("vec": a quad transpose of the bf16 pairs).
 // "tensor-split*": per-tensor with split accumulation (each K slice promoted into the fp32
 // result), timed against cuBLASLt with FAST_ACCUM off: te's dgrad default, the GEMM a dGELU
 // epilogue in FC2's dgrad would run on.
@@ -71,7 +72,8 @@ constexpr int kBlockK = 128;
 
 template <int kWgmmaN_, int kHalves_, int kStages_, bool kTakeTurns_, int kConsumers_ = 2,
           bool kPermutedScales_ = false, bool kPerTensor_ = false, bool kPingPong_ = false,
-          bool kGelu_ = false, bool kSplit_ = false, bool kCluster_ = false>
+          bool kGelu_ = false, bool kSplit_ = false, bool kCluster_ = false,
+          bool kVecEpilogue_ = false>
 struct Tile {
   // Per-tensor scales (delayed / current scaling) with fast accumulation, as te_gemm asks
   // cuBLASLt for fprop: the tensor core accumulates the whole K, the two scales multiply alpha
@@ -112,6 +114,10 @@ struct Tile {
   // ~0.0057 (~8.5 TB/s), at the price of an epilogue in which the tensor cores wait.
   static_assert(!kGelu || (kPerTensor && !kSplit_), "the fused gelu epilogue: fast per-tensor");
   static constexpr int kColStride = 80;
+  // The gelu epilogue's stores in whole sectors (store_tile_gelu_vec): each lane trades its
+  // column pairs within its quad for eight consecutive columns of one row.
+  static constexpr bool kVecEpilogue = kVecEpilogue_;
+  static_assert(!kVecEpilogue || kGelu, "the whole-sector stores: the gelu epilogue's");
   // Column scales written into shared memory by a warp of the producer warpgroup, permuted so a
   // consumer thread reads the four it needs for two column groups as one float4 (half the shared
   // loads of reading them in place, two per float2); else bulk-copied in place.
@@ -494,6 +500,123 @@ __device__ __forceinline__ void store_tile_gelu(const Params& p, float alpha, co
     }
   }
 }
+
+// store_tile_gelu with whole sectors (Tile's kVecEpilogue): each quad of lanes holds one row's
+// eight-column groups two columns a lane (the wgmma layout), so a warp's stores of h and of the
+// row-wise copy write 16 and 8 bytes a row (half and a quarter of a 32-byte sector, each a
+// request of its own at the L2). A 4 x 4 transpose of the quad's bf16 pairs (two shuffle
+// stages) gives each lane eight consecutive columns of one row instead: 16-byte h and 8-byte
+// q stores, 64 and 32 contiguous bytes a row per quad, half the L2 requests of the epilogue.
+// The transpose tile is written with column group j's rows rotated by 16 j bytes, so the quad's
+// four byte stores per column land in four bank groups; the read-back undoes the rotation.
+template <int kBlockN, int kColStride>
+__device__ __forceinline__ void store_tile_gelu_vec(const Params& p, float alpha, const float* acc,
+                                                    int64_t m0, int64_t n0, int row0, int col0,
+                                                    uint8_t* tr, int bar, int t, uint32_t& amax) {
+  const float s = *p.q_scale;
+  const int j = col0 / 2;  // the lane's place in its quad
+  const bool hi = (j & 2) != 0, odd = (j & 1) != 0;
+  const bool vec_rows = p.n % 8 == 0;  // every row's groups 16-byte (h) / 8-byte (q) aligned
+  warpgroup_sync(bar);  // the previous tile's column-wise reads of tr are done
+#pragma unroll
+  for (int q = 0; q < kBlockN / 32; ++q) {
+    float b[4][2];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int64_t col = n0 + 8 * (4 * q + jj) + col0;
+      b[jj][0] = p.bias != nullptr && col < p.n ? __bfloat162float(p.bias[col]) : -0.0f;
+      b[jj][1] = p.bias != nullptr && col + 1 < p.n ? __bfloat162float(p.bias[col + 1]) : -0.0f;
+    }
+    const int cl = 8 * (4 * q + j);  // the eight columns this lane stores
+    const int64_t col = n0 + cl;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t w[4];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const float* a = acc + 4 * (4 * q + jj) + 2 * half;
+        const __nv_bfloat162 h2 =
+            __floats2bfloat162_rn(__fadd_rn(__fmul_rn(alpha, a[0]), b[jj][0]),
+                                  __fadd_rn(__fmul_rn(alpha, a[1]), b[jj][1]));
+        w[jj] = *reinterpret_cast<const uint32_t*>(&h2);
+      }
+      // 2 x 2 blocks across the lane pairs two apart, then within them across neighbours: lane
+      // j ends with w[k] = lane k's pair of column group 4 q + j.
+      {
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+        if (hi) {
+          w[0] = r0;
+          w[1] = r1;
+        } else {
+          w[2] = r0;
+          w[3] = r1;
+        }
+      }
+      {
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+        if (odd) {
+          w[0] = r0;
+          w[2] = r1;
+        } else {
+          w[1] = r0;
+          w[3] = r1;
+        }
+      }
+      const int r = row0 + 8 * half;
+      const int64_t row = m0 + r;
+      float g[8];
+      uint32_t qw[2] = {0, 0};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __nv_bfloat162 h2 = *reinterpret_cast<const __nv_bfloat162*>(&w[k]);
+        g[2 * k] = activation::act<activation::kGelu>(__low2float(h2));
+        g[2 * k + 1] = activation::act<activation::kGelu>(__high2float(h2));
+        const uint32_t q2 = fp8x2<TE_DTYPE_FLOAT8_E4M3>(scaled(g[2 * k], s), scaled(g[2 * k + 1], s));
+        qw[k / 2] |= q2 << (16 * (k % 2));
+      }
+      const int rot = (r + 16 * j) & 63;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        tr[(cl + e) * kColStride + rot] = static_cast<uint8_t>(qw[e / 4] >> (8 * (e % 4)));
+      }
+      if (row >= p.m || col >= p.n) continue;
+      __nv_bfloat16* dp = static_cast<__nv_bfloat16*>(p.d) + row * p.n + col;
+      uint8_t* qp = p.q_row + row * p.n + col;
+      if (vec_rows && col + 8 <= p.n) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) amax = max(amax, abs_bits(g[e]));
+        *reinterpret_cast<uint4*>(dp) = make_uint4(w[0], w[1], w[2], w[3]);
+        *reinterpret_cast<uint2*>(qp) = make_uint2(qw[0], qw[1]);
+      } else {
+        const auto* hb = reinterpret_cast<const __nv_bfloat16*>(w);
+        for (int e = 0; e < 8 && col + e < p.n; ++e) {
+          amax = max(amax, abs_bits(g[e]));
+          dp[e] = hb[e];
+          qp[e] = static_cast<uint8_t>(qw[e / 4] >> (8 * (e % 4)));
+        }
+      }
+    }
+  }
+  warpgroup_sync(bar);
+  // Column cl of the tile is row n0 + cl of the column-wise copy, its bytes m0 .. m0 + 63; rows
+  // 16 part .. of column group g sit at 16 ((part + g) % 4) of the column's 64 bytes.
+  for (int i = t; i < kBlockN * 4; i += 128) {
+    const int cl = i / 4, part = i % 4;
+    const int64_t col = n0 + cl, row = m0 + 16 * part;
+    if (col >= p.n || row >= p.m) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(tr + cl * kColStride +
+                                                    16 * ((part + (cl >> 3)) & 3));
+    uint8_t* dst = p.q_col + col * p.m + row;
+    if (p.m % 16 == 0) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(&v);
+      for (int k = 0; k < 16 && row + k < p.m; ++k) dst[k] = bytes[k];
+    }
+  }
+}
 #endif  // TE_SM90A_DEVICE
 
 template <int TypeA, int TypeB, typename Cfg>
@@ -722,8 +845,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     g * kBlockN * Cfg::kColStride;
       // (cooperative: this warpgroup's 64 rows of the tile as a tile of their own)
       const int own = Cfg::kPingPong ? 0 : 64 * g;
-      store_tile_gelu<kBlockN, Cfg::kColStride>(p, alpha, acc, m0 + own, n0, row0 - own, col0, tr,
-                                                3 + g, threadIdx.x % 128, gelu_amax);
+      if constexpr (Cfg::kVecEpilogue) {
+        store_tile_gelu_vec<kBlockN, Cfg::kColStride>(p, alpha, acc, m0 + own, n0, row0 - own,
+                                                      col0, tr, 3 + g, threadIdx.x % 128,
+                                                      gelu_amax);
+      } else {
+        store_tile_gelu<kBlockN, Cfg::kColStride>(p, alpha, acc, m0 + own, n0, row0 - own, col0,
+                                                  tr, 3 + g, threadIdx.x % 128, gelu_amax);
+      }
     } else {
       switch (p.d_dtype) {
         case TE_DTYPE_FLOAT32:
@@ -880,6 +1009,10 @@ using TensorSplit = Tile<128, 2, 4, false, 2, false, true, false, false, true>;
 using TensorPingPongCluster = Tile<128, 2, 5, false, 2, false, true, true, false, false, true>;
 using TensorPingPongClusterGelu = Tile<128, 2, 4, false, 2, false, true, true, true, false, true>;
 using TensorSplitTurns = Tile<128, 2, 4, true, 2, false, true, false, false, true>;
+using TensorPingPongGeluVec = Tile<128, 2, 4, false, 2, false, true, true, true, false, false, true>;
+using TensorWideGeluVec = Tile<128, 2, 3, false, 2, false, true, false, true, false, false, true>;
+using TensorPingPongClusterGeluVec =
+    Tile<128, 2, 4, false, 2, false, true, true, true, false, true, true>;
 
 }  // namespace probe
 }  // namespace cuda
@@ -1312,9 +1445,10 @@ struct GeluBuffers {
   GeluBuffers& operator=(const GeluBuffers&) = delete;
 };
 
-// The fused gelu epilogue's tile schemes.
-enum GeluTiles { kPingPongTiles, kWideTiles, kClusterTiles };
-const char* const kGeluTileNames[] = {"ping-pong", "wide", "cluster"};
+// The fused gelu epilogue's tile schemes, each with the whole-sector stores too (-vec).
+enum GeluTiles { kPingPongTiles, kWideTiles, kClusterTiles, kPingPongVec, kWideVec, kClusterVec };
+const char* const kGeluTileNames[] = {"ping-pong", "wide", "cluster", "pp-vec", "wide-vec",
+                                      "clust-vec"};
 
 void run_gelu(const Problem& x, const GeluBuffers& gb, GeluTiles tiles) {
   constexpr int kE4m3 = TE_DTYPE_FLOAT8_E4M3;
@@ -1323,6 +1457,13 @@ void run_gelu(const Problem& x, const GeluBuffers& gb, GeluTiles tiles) {
     case kWideTiles: pr::launch_typed<kE4m3, kE4m3, pr::TensorWideGelu>(g, nullptr, true, &gb.out); break;
     case kClusterTiles:
       pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongClusterGelu>(g, nullptr, true, &gb.out);
+      break;
+    case kPingPongVec:
+      pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGeluVec>(g, nullptr, true, &gb.out);
+      break;
+    case kWideVec: pr::launch_typed<kE4m3, kE4m3, pr::TensorWideGeluVec>(g, nullptr, true, &gb.out); break;
+    case kClusterVec:
+      pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongClusterGeluVec>(g, nullptr, true, &gb.out);
       break;
     default: pr::launch_typed<kE4m3, kE4m3, pr::TensorPingPongGelu>(g, nullptr, true, &gb.out); break;
   }
@@ -1401,12 +1542,15 @@ void time_gelu(int64_t m, int64_t n, int64_t k, int iters, int rounds, bool clus
   Cublaslt lt(x, TE_DTYPE_BFLOAT16);
   EventTimer time(iters);
   std::vector<Timed> rows = {{"ping-pong fused", [&] { run_gelu(x, gb, kPingPongTiles); }},
+                             {"ping-pong fused vec", [&] { run_gelu(x, gb, kPingPongVec); }},
                              {"ping-pong D only", [&] { run_variant(g, kTensorPingPong); }}};
   if (cluster) {
     rows.push_back({"cluster fused", [&] { run_gelu(x, gb, kClusterTiles); }});
+    rows.push_back({"cluster fused vec", [&] { run_gelu(x, gb, kClusterVec); }});
     rows.push_back({"cluster D only", [&] { run_variant(g, kTensorPingPongCluster); }});
   } else {
     rows.push_back({"cooperative fused", [&] { run_gelu(x, gb, kWideTiles); }});
+    rows.push_back({"cooperative fused vec", [&] { run_gelu(x, gb, kWideVec); }});
     rows.push_back({"cooperative D only", [&] { run_variant(g, kTensorWide); }});
   }
   if (lt.found) rows.push_back({"cuBLASLt D only", [&] { lt.run(x, 1.0f, 0.0f); }});
@@ -1456,10 +1600,12 @@ int main(int argc, char** argv) {
         fails += check_variant(s[0], s[1], s[2], true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f,
                                kTensorPingPongCluster);
         fails += check_gelu(s[0], s[1], s[2], kClusterTiles);
+        fails += check_gelu(s[0], s[1], s[2], kClusterVec);
       }
       fails += check_variant(2100, 700, 256, true, true, TE_DTYPE_BFLOAT16, 1.0f, 0.0f,
                              kTensorPingPongCluster);
       fails += check_gelu(2100, 700, 256, kClusterTiles);
+      fails += check_gelu(2100, 704, 256, kClusterVec);
     }
     std::printf("failures: %d\n", fails);
     for (const int group : {0, 16}) {
@@ -1477,9 +1623,10 @@ int main(int argc, char** argv) {
       }
       fails += check_variant(1000, 520, 1040, true, true, TE_DTYPE_FLOAT32, 0.5f, 1.0f, v);
     }
-    for (const GeluTiles tiles : {kPingPongTiles, kWideTiles}) {
+    for (const GeluTiles tiles : {kPingPongTiles, kWideTiles, kPingPongVec, kWideVec}) {
       for (const auto& s : shapes) fails += check_gelu(s[0], s[1], s[2], tiles);
       fails += check_gelu(1024, 768, 2048, tiles);
+      fails += check_gelu(200, 1000, 256, tiles);  // N a multiple of 8, not of 256
     }
     pr::g_group_m = 16;  // the grouped order: whole and partial groups of 64-row tiles
     for (const int64_t m : {int64_t{2000}, int64_t{1500}, int64_t{37}}) {
@@ -1488,6 +1635,8 @@ int main(int argc, char** argv) {
       }
       fails += check_gelu(m, 700, 256, kPingPongTiles);
       fails += check_gelu(m, 700, 256, kWideTiles);
+      fails += check_gelu(m, 704, 256, kPingPongVec);
+      fails += check_gelu(m, 704, 256, kWideVec);
     }
     pr::g_group_m = 0;
     std::printf("failures: %d\n", fails);
