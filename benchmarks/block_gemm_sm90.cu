@@ -587,8 +587,11 @@ __device__ __forceinline__ void store_tile_gelu_vec(const Params& p, float alpha
       if (vec_rows && col + 8 <= p.n) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) amax = max(amax, abs_bits(g[e]));
-        *reinterpret_cast<uint4*>(dp) = make_uint4(w[0], w[1], w[2], w[3]);
-        *reinterpret_cast<uint2*>(qp) = make_uint2(qw[0], qw[1]);
+        // (indexed as vectors: as dp, n0 | 8 j lost its alignment to ptxas, which split the
+        // q = 0 stores into 4-byte ones)
+        reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.d) + row * p.n + n0)[4 * q + j] =
+            make_uint4(w[0], w[1], w[2], w[3]);
+        reinterpret_cast<uint2*>(p.q_row + row * p.n + n0)[4 * q + j] = make_uint2(qw[0], qw[1]);
       } else {
         const auto* hb = reinterpret_cast<const __nv_bfloat16*>(w);
         for (int e = 0; e < 8 && col + e < p.n; ++e) {
