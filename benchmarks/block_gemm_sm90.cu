@@ -437,6 +437,35 @@ __device__ __forceinline__ void store_tile(const Params& p, float alpha, const f
   }
 }
 
+// A 4 x 4 transpose of 32-bit words across each quad of lanes (j: the lane's place in its
+// quad): 2 x 2 blocks across the lanes two apart, then within them across neighbours, so lane j
+// ends with w[k] = lane k's w[j]. In the wgmma layout, where lane k of a quad holds columns
+// 2 k, 2 k + 1 of each eight-column group as a bf16 pair w[group], lane j ends with the eight
+// consecutive columns of group j.
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int j) {
+  const bool hi = (j & 2) != 0, odd = (j & 1) != 0;
+  {
+    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+    if (hi) {
+      w[0] = r0;
+      w[1] = r1;
+    } else {
+      w[2] = r0;
+      w[3] = r1;
+    }
+  }
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+  if (odd) {
+    w[0] = r0;
+    w[2] = r1;
+  } else {
+    w[1] = r0;
+    w[3] = r1;
+  }
+}
+
 // store_tile for a bf16 D with beta 0 in whole sectors (per-tensor variants): the quad of lanes
 // trades its bf16 pairs (store_tile_gelu_vec's transpose) so a lane stores eight consecutive
 // columns of a row as one 16-byte store, not four 4-byte ones: half the L2 requests.
@@ -445,7 +474,6 @@ __device__ __forceinline__ void store_tile_bf16_vec(const Params& p, float alpha
                                                     int64_t m0, int64_t n0, int row0, int col0) {
   static_assert(kGroups % 4 == 0, "column groups in quads");
   const int j = col0 / 2;  // the lane's place in its quad
-  const bool hi = (j & 2) != 0, odd = (j & 1) != 0;
   auto* d = static_cast<__nv_bfloat16*>(p.d);
 #pragma unroll
   for (int q = 0; q < kGroups / 4; ++q) {
@@ -459,28 +487,7 @@ __device__ __forceinline__ void store_tile_bf16_vec(const Params& p, float alpha
         const __nv_bfloat162 h2 = __floats2bfloat162_rn(alpha * a[0], alpha * a[1]);
         w[jj] = *reinterpret_cast<const uint32_t*>(&h2);
       }
-      {
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
-        if (hi) {
-          w[0] = r0;
-          w[1] = r1;
-        } else {
-          w[2] = r0;
-          w[3] = r1;
-        }
-      }
-      {
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
-        if (odd) {
-          w[0] = r0;
-          w[2] = r1;
-        } else {
-          w[1] = r0;
-          w[3] = r1;
-        }
-      }
+      quad_transpose(w, j);
       const int64_t row = m0 + row0 + 8 * half;
       if (row >= p.m || col >= p.n) continue;
       if (p.n % 8 == 0 && col + 8 <= p.n) {
@@ -571,7 +578,6 @@ __device__ __forceinline__ void store_tile_gelu_vec(const Params& p, float alpha
                                                     uint8_t* tr, int bar, int t, uint32_t& amax) {
   const float s = *p.q_scale;
   const int j = col0 / 2;  // the lane's place in its quad
-  const bool hi = (j & 2) != 0, odd = (j & 1) != 0;
   const bool vec_rows = p.n % 8 == 0;  // every row's groups 16-byte (h) / 8-byte (q) aligned
   warpgroup_sync(bar);  // the previous tile's column-wise reads of tr are done
 #pragma unroll
@@ -596,30 +602,7 @@ __device__ __forceinline__ void store_tile_gelu_vec(const Params& p, float alpha
                                   __fadd_rn(__fmul_rn(alpha, a[1]), b[jj][1]));
         w[jj] = *reinterpret_cast<const uint32_t*>(&h2);
       }
-      // 2 x 2 blocks across the lane pairs two apart, then within them across neighbours: lane
-      // j ends with w[k] = lane k's pair of column group 4 q + j.
-      {
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
-        if (hi) {
-          w[0] = r0;
-          w[1] = r1;
-        } else {
-          w[2] = r0;
-          w[3] = r1;
-        }
-      }
-      {
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
-        if (odd) {
-          w[0] = r0;
-          w[2] = r1;
-        } else {
-          w[1] = r0;
-          w[3] = r1;
-        }
-      }
+      quad_transpose(w, j);  // w[k]: lane k's pair of column group 4 q + j
       const int r = row0 + 8 * half;
       const int64_t row = m0 + r;
       float g[8];
