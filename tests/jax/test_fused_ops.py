@@ -331,3 +331,20 @@ def test_errors():
         te_jax.layernorm_dense(x, g, b, k2)
     with pytest.raises(ValueError, match="beta: expected None for layernorm_type='rmsnorm'"):
         te_jax.layernorm_dense(x, g, b, k1[:, 0], layernorm_type="rmsnorm")
+
+
+def test_fused_gelu_pieces_refuse_a_split_sum():
+    """gelu (and its backward) inside a GEMM must see the whole sum: the pieces refuse a
+    row-parallel FC1 / column-parallel FC2 dgrad rather than apply gelu to partial sums."""
+    from te_jax import _linear
+    from te_jax._quantizer import plan_for
+
+    plan = plan_for(RECIPES["delayed"])
+    with pytest.raises(ValueError, match="axes.k: expected no row-parallel split"):
+        _linear.linear_gelu_fwd(
+            plan, _linear.Roles(), _linear.LinearAxes(k=("model",)), *[None] * 4, "x", (), None
+        )
+    with pytest.raises(ValueError, match="axes.n: expected no column-parallel split"):
+        _linear.linear_dgelu_bwd(
+            plan, "grad", _linear.LinearAxes(n=("model",)), (None, None), None, None, False, (), {}, None
+        )

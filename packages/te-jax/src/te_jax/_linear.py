@@ -110,12 +110,14 @@ def linear_gelu_fwd(
     train=True,
 ):
     """linear_fwd, then gelu quantized for the next GEMM as act_quantize's, in one te_gemm call
-    (GELU_AUX with an FP8 output; needs gelu_in_gemm(plan.x, gelu) and N not reduced over
-    ``axes.k``).
+    (GELU_AUX with an FP8 output; needs gelu_in_gemm(plan.x, gelu) and no row-parallel split:
+    gelu must see the whole sum).
 
     Returns (gelu's operand, pre [M, N] in out_dtype, residuals, {kernel role, ``act_role``:
     amax}, the latter max-reduced over ``act_axes``).
     """
+    if axes.k:
+        raise ValueError(f"axes.k: expected no row-parallel split before a fused gelu, got {axes.k}")
     wq, amaxes = _kernel_operand(plan, roles, axes, kernel, scales, rng, train)
     actq, pre, _ = gemm_gelu_fp8(
         xq,
@@ -186,12 +188,14 @@ def linear_dgelu_bwd(
     k_dtype,
 ):
     """linear_bwd, then act_grad_quantize's gelu backward of dx with pre, in one te_gemm call
-    for dx (DGELU with an FP8 output; needs gelu_in_gemm(plan.grad, gelu) and dx not reduced
-    over ``axes.n``).
+    for dx (DGELU with an FP8 output; needs gelu_in_gemm(plan.grad, gelu) and no
+    column-parallel split: the gelu backward must see the whole dx).
 
     Returns (d pre's operand, its dbias float32 or None, {``grad_role``: amax} max-reduced over
     ``reduce_axes``, dkernel).
     """
+    if axes.n:
+        raise ValueError(f"axes.n: expected no column-parallel split before a fused dgelu, got {axes.n}")
     x_saved, w_saved = res
     dq, _, dbias = gemm_gelu_fp8(
         dyq,
