@@ -47,6 +47,13 @@ def _check_flag(value, name: str) -> bool:
     return bool(value)
 
 
+def _split_arg(use_split_accumulator) -> int:
+    """te_gemm_config.use_split_accumulator of the Python argument: None is te's default (-1)."""
+    if use_split_accumulator is None:
+        return -1
+    return int(_check_flag(use_split_accumulator, "use_split_accumulator"))
+
+
 def _array(value, name: str) -> jax.Array:
     if isinstance(value, ScaledTensor):
         raise TypeError(f"{name}: expected a high-precision array, got a ScaledTensor")
@@ -150,10 +157,7 @@ def gemm(
     trans_b = _check_flag(trans_b, "trans_b")
     gelu = _check_flag(gelu, "gelu")
     bias_grad = _check_flag(bias_grad, "bias_grad")
-    if use_split_accumulator is None:
-        split = -1
-    else:
-        split = int(_check_flag(use_split_accumulator, "use_split_accumulator"))
+    split = _split_arg(use_split_accumulator)
 
     a = _Operand(x, "x", trans_a, rowwise_wanted=not trans_a)
     b = _Operand(w, "w", trans_b, rowwise_wanted=trans_b)
@@ -352,6 +356,8 @@ def gemm_gelu_fp8(
     gelu_input's dtype if ``bias_grad`` else None), the bytes of te's activation backward of g.
     The ScaledTensor's amax is this call's alone.
     """
+    trans_a = _check_flag(trans_a, "trans_a")
+    trans_b = _check_flag(trans_b, "trans_b")
     a = _Operand(x, "x", trans_a, rowwise_wanted=not trans_a)
     b = _Operand(w, "w", trans_b, rowwise_wanted=trans_b)
     for name, op in (("x", a), ("w", b)):
@@ -373,10 +379,6 @@ def gemm_gelu_fp8(
         if dgelu:
             raise ValueError("bias: expected None with gelu_input (DGELU adds no bias)")
         bias = _array(bias, "bias")
-    if use_split_accumulator is None:
-        split = -1
-    else:
-        split = int(_check_flag(use_split_accumulator, "use_split_accumulator"))
     parts = _gemm_act(
         a.data,
         a.scale_inv,
@@ -389,13 +391,13 @@ def gemm_gelu_fp8(
         n=n,
         a_columnwise=a.columnwise,
         b_columnwise=b.columnwise,
-        trans_a=_check_flag(trans_a, "trans_a"),
-        trans_b=_check_flag(trans_b, "trans_b"),
+        trans_a=trans_a,
+        trans_b=trans_b,
         fp8=fp8,
         aux_dtype=aux_dtype,
         dgelu=dgelu,
         bias_grad=_check_flag(bias_grad, "bias_grad"),
-        split=split,
+        split=_split_arg(use_split_accumulator),
     )
     d = _fused.assemble(parts[:6], (m, n), aux_dtype, fp8, scale)
     return d, (None if dgelu else parts[6]), (parts[7] if bias_grad else None)
