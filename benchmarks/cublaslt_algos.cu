@@ -8,6 +8,8 @@
 //   4096 -> 16384  fprop  M 16384 N 16384 K 4096    dgrad  M 16384 N 4096 K 16384
 //                  wgrad  M 16384 N 4096  K 16384 (both operands 1x128 blocks along K)
 //   4096 -> 4096   fprop / dgrad / wgrad  M 16384 N 4096 K 4096 (M 4096 N 4096 K 16384 for wgrad)
+// and mlp.py's LayerNormMLP 4096 -> 16384 -> 4096 (FC1's are 4096 -> 16384's; FC2 fprop M 16384
+// N 4096 K 16384, dgrad M 16384 N 16384 K 4096, wgrad M 4096 N 16384 K 16384).
 // Block-scaled: fprop x 1x128 by W 128x128, dgrad dy 1x128 by W 128x128, wgrad 1x128 by 1x128.
 // Per-tensor: E4M3 by E4M3 (fprop) and E5M2 by E4M3 (dgrad, wgrad: HYBRID), fast accumulation in
 // fprop only (TE's split-accumulator defaults).
@@ -22,7 +24,7 @@
 //   NV=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
 //   nvcc -std=c++17 -arch=sm_90a -O2 -I$NV/include benchmarks/cublaslt_algos.cu \
 //     -o /tmp/algos -Xlinker $NV/lib/libcublasLt.so.13 -Xlinker -rpath=$NV/lib
-//   /tmp/algos [iters=10] [rounds=7]
+//   /tmp/algos [iters=10] [rounds=7] [only the GEMMs whose name contains this]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -62,6 +64,13 @@ const Gemm kGemms[] = {
     {"tensor 4096->4096 fprop", 16384, 4096, 4096, false, false, kE4m3, kE4m3, true},
     {"tensor 4096->4096 dgrad", 16384, 4096, 4096, false, false, kE5m2, kE4m3, false},
     {"tensor 4096->4096 wgrad", 4096, 4096, 16384, false, false, kE5m2, kE4m3, false},
+    // LayerNormMLP 4096 -> 16384 -> 4096 (mlp.py), per-tensor; FC1's GEMMs are 4096 -> 16384's
+    {"tensor 4096->16384 fprop / mlp fc1 fprop", 16384, 16384, 4096, false, false, kE4m3, kE4m3, true},
+    {"tensor 4096->16384 dgrad, wgrad / mlp fc1 dgrad, wgrad", 16384, 4096, 16384, false, false, kE5m2, kE4m3,
+     false},
+    {"tensor mlp fc2 fprop", 16384, 4096, 16384, false, false, kE4m3, kE4m3, true},
+    {"tensor mlp fc2 dgrad", 16384, 16384, 4096, false, false, kE5m2, kE4m3, false},
+    {"tensor mlp fc2 wgrad", 4096, 16384, 16384, false, false, kE5m2, kE4m3, false},
 };
 
 template <typename T>
@@ -136,7 +145,9 @@ int main(int argc, char** argv) {
   cudaEventCreate(&stop);
   const float alpha = 1.0f, beta = 0.0f;
 
+  const char* only = argc > 3 ? argv[3] : "";
   for (const Gemm& g : kGemms) {
+    if (std::strstr(g.name, only) == nullptr) continue;
     const int64_t M = g.m, N = g.n, K = g.k;
     // Column-major view of the row-major product: D^T[N, M] = B[N, K] (op T) x A^T[K, M]
     cublasLtMatmulDesc_t desc;
