@@ -71,6 +71,27 @@ ffi::Error operand(const Buf& data, const Buf& scale_inv, const Buf& amax,
   return describe(scale_inv, device, is_fp8(data) || nvfp4, scale_name, &q_scale_inv);
 }
 
+// The layout and epilogue fields of `config` and the epilogue's buffers: bias read where
+// `has_bias`, aux read by DGELU (aux_in) or written by GELU_AUX (aux), bias_grad written where
+// `has_bias_grad`.
+ffi::Error epilogue_config(const te_device& device, bool trans_a, bool trans_b, int32_t epilogue,
+                           int32_t use_split_accumulator, const Buf& bias, bool has_bias,
+                           const Buf& aux_in, Ret& aux, Ret& bias_grad, bool has_bias_grad,
+                           te_gemm_config* config) {
+  config->trans_a = trans_a;
+  config->trans_b = trans_b;
+  config->epilogue = epilogue;
+  config->use_split_accumulator = use_split_accumulator;
+  TE_FFI_RETURN_IF_ERROR(describe(bias, device, has_bias, "bias", &config->bias));
+  if (epilogue == TE_EPILOGUE_DGELU) {
+    TE_FFI_RETURN_IF_ERROR(describe(aux_in, device, true, "aux_in", &config->aux));
+  } else {
+    TE_FFI_RETURN_IF_ERROR(
+        describe(aux, device, epilogue == TE_EPILOGUE_GELU_AUX, "aux", &config->aux));
+  }
+  return describe(bias_grad, device, has_bias_grad, "bias_grad", &config->bias_grad);
+}
+
 ffi::Error gemm(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf b_data,
                 Buf b_scale_inv, Buf bias, Buf aux_in, Buf d_in, Buf a_amax, Buf b_amax, Ret d,
                 Ret aux, Ret bias_grad, int32_t a_scaling_mode, int32_t b_scaling_mode,
@@ -94,22 +115,11 @@ ffi::Error gemm(te_device device, void* stream, Buf a_data, Buf a_scale_inv, Buf
   }
 
   te_gemm_config config = te_gemm_config_init();
-  config.trans_a = trans_a;
-  config.trans_b = trans_b;
   config.alpha = alpha;
   config.beta = beta;
-  config.epilogue = epilogue;
-  config.use_split_accumulator = use_split_accumulator;
-  TE_FFI_RETURN_IF_ERROR(describe(bias, device, has_bias, "bias", &config.bias));
-  const bool reads_aux = epilogue == TE_EPILOGUE_DGELU;
-  const bool writes_aux = epilogue == TE_EPILOGUE_GELU_AUX;
-  if (reads_aux) {
-    TE_FFI_RETURN_IF_ERROR(describe(aux_in, device, true, "aux_in", &config.aux));
-  } else {
-    TE_FFI_RETURN_IF_ERROR(describe(aux, device, writes_aux, "aux", &config.aux));
-  }
-  TE_FFI_RETURN_IF_ERROR(describe(bias_grad, device, epilogue == TE_EPILOGUE_BGRAD, "bias_grad",
-                                  &config.bias_grad));
+  TE_FFI_RETURN_IF_ERROR(epilogue_config(device, trans_a, trans_b, epilogue,
+                                         use_split_accumulator, bias, has_bias, aux_in, aux,
+                                         bias_grad, epilogue == TE_EPILOGUE_BGRAD, &config));
   const te_status status = te_gemm(&a, &b, &out, &config, stream);
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
@@ -145,19 +155,10 @@ ffi::Error gemm_act(te_device device, void* stream, Buf a_data, Buf a_scale_inv,
                       "input_output_aliases (te_gemm max-accumulates D's amax into it)");
   }
   te_gemm_config config = te_gemm_config_init();
-  config.trans_a = trans_a;
-  config.trans_b = trans_b;
-  config.epilogue = epilogue;
-  config.use_split_accumulator = use_split_accumulator;
-  TE_FFI_RETURN_IF_ERROR(describe(bias, device, has_bias, "bias", &config.bias));
-  if (dgelu) {
-    TE_FFI_RETURN_IF_ERROR(describe(aux_in, device, true, "aux_in", &config.aux));
-    TE_FFI_RETURN_IF_ERROR(describe(product, device, true, "product", &config.dgelu_product));
-  } else {
-    TE_FFI_RETURN_IF_ERROR(describe(aux, device, true, "aux", &config.aux));
-  }
-  TE_FFI_RETURN_IF_ERROR(describe(bias_grad, device, has_bias_grad, "bias_grad",
-                                  &config.bias_grad));
+  TE_FFI_RETURN_IF_ERROR(epilogue_config(device, trans_a, trans_b, epilogue,
+                                         use_split_accumulator, bias, has_bias, aux_in, aux,
+                                         bias_grad, has_bias_grad, &config));
+  TE_FFI_RETURN_IF_ERROR(describe(product, device, dgelu, "product", &config.dgelu_product));
   const te_status status = te_gemm(&a, &b, &d, &config, stream);
   return status == TE_SUCCESS ? ffi::Error::Success() : status_error(status);
 }
