@@ -421,6 +421,40 @@ def test_fp8_bias_bf16():
     assert_close(gpu["d"], cpu["d"], 1e-2, "fp8 + bf16 bias")
 
 
+def test_fp8_fprop_at_transformer_scale_takes_the_preferred_tile(caplog):
+    """te.Linear 4096 -> 4096's fprop at 16384 tokens (E4M3 x E4M3, fast accumulation, bf16 bias
+    and output): on Hopper te_gemm runs the mid-size cuBLASLt tile its heuristic lists below a big
+    one (faster at the power cap: benchmarks/NOTES.md, thirty-fifth session), says so once at
+    INFO, and its output matches a float64 product of the dequantized operands. Elsewhere the
+    heuristic's first stands and nothing is said. The reference is torch's, not te's CPU backend:
+    at 0.55 TFLOP the CPU reference would take minutes."""
+    torch = _torch()
+    m, n, k = 16384, 4096, 4096
+    a, b = sources(m, n, k, *FPROP, "fprop-tile")
+    A, B = fp8_operand(a), fp8_operand(b)
+    bias = randn((n,), "fprop-tile-bias", "bfloat16")
+    kw = dict(trans_b=True, epilogue=int(E.BIAS))
+    with caplog.at_level(logging.INFO, logger="te"):
+        gpus = [run("cuda", A, B, m, n, torch.bfloat16, extras={"bias": bias}, **kw) for _ in range(2)]
+
+    def dequantized(op):
+        data, _ = op.parts["rowwise_data"]
+        sinv, _ = op.parts["rowwise_scale_inv"]
+        return data.view(torch.float8_e4m3fn).double() * sinv.double()
+
+    want = (dequantized(A) @ dequantized(B).T + bias.double().cuda()).cpu()
+    for gpu in gpus:
+        assert_close(gpu["d"], want, 1e-2, "fp8 fprop 16384 x 4096 x 4096")
+    assert torch.equal(gpus[0]["d"].view(torch.int16), gpus[1]["d"].view(torch.int16)), "same plan, same bits"
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "te" and "rather than its first" in r.getMessage()
+    ]
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert len(said) == 1 and "tile 128x160, 2x1 clusters" in said[0], said
+    else:
+        assert said == [], said
+
+
 # ---- GELU_AUX with an FP8 output (an MLP's FC1 writing FC2's quantized input) -----------------
 
 

@@ -46,6 +46,9 @@ struct CublasLtApi {
                                            cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
                                            cublasLtMatmulPreference_t, int,
                                            cublasLtMatmulHeuristicResult_t*, int*);
+  cublasStatus_t (*MatmulAlgoConfigGetAttribute)(const cublasLtMatmulAlgo_t*,
+                                                 cublasLtMatmulAlgoConfigAttributes_t, void*, size_t,
+                                                 size_t*);
   cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*,
                            cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t,
                            const void*, const void*, cublasLtMatrixLayout_t, void*,

@@ -92,6 +92,7 @@ Loaded load() {
   resolve(lib, "cublasLtMatmulPreferenceDestroy", a.MatmulPreferenceDestroy, missing);
   resolve(lib, "cublasLtMatmulPreferenceSetAttribute", a.MatmulPreferenceSetAttribute, missing);
   resolve(lib, "cublasLtMatmulAlgoGetHeuristic", a.MatmulAlgoGetHeuristic, missing);
+  resolve(lib, "cublasLtMatmulAlgoConfigGetAttribute", a.MatmulAlgoConfigGetAttribute, missing);
   resolve(lib, "cublasLtMatmul", a.Matmul, missing);
   if (!missing.empty()) {
     out.error = "cuBLASLt at " + out.path + " lacks " + missing + " (te needs cuBLAS 12 or newer)";

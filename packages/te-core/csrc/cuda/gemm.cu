@@ -26,6 +26,7 @@
 // the product, logged once at INFO.
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -392,6 +393,82 @@ std::string no_kernel_hint(const GemmArgs& g, const Setup& s) {
   return h;
 }
 
+int current_compute_major(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Per-tensor E4M3 x E4M3 with fast accumulation (te's fprop) on Hopper: for the large GEMMs of a
+// Transformer layer (16384 tokens x 4096 / 16384 features) cuBLASLt's first choice is a big tile
+// (320x128, 192x192) that runs 8-14% slower than a mid-size tile in a 2-CTA cluster once the GPU
+// sits at its power cap, as it does through training (benchmarks/cublaslt_algos.cu, alternating
+// rounds on the H200: NOTES.md, thirty-fifth session). The preferred configurations, in order, are
+// taken only from cuBLASLt's own top candidates for the problem, so it vouches for each; where
+// none is listed, or the problem is smaller, its first choice stands. The choice depends only on
+// the problem (no timing), so a GEMM's bits do not vary from run to run.
+struct TileCluster {
+  uint32_t tile;
+  uint16_t cluster;
+  const char* name;
+};
+constexpr TileCluster kPreferredFprop[] = {
+    {CUBLASLT_MATMUL_TILE_128x160, CUBLASLT_CLUSTER_SHAPE_2x1x1, "tile 128x160, 2x1 clusters"},
+    {CUBLASLT_MATMUL_TILE_168x128, CUBLASLT_CLUSTER_SHAPE_1x2x1, "tile 168x128, 1x2 clusters"},
+    {CUBLASLT_MATMUL_TILE_176x128, CUBLASLT_CLUSTER_SHAPE_1x2x1, "tile 176x128, 1x2 clusters"},
+};
+constexpr int kHeuristicCandidates = 8;
+constexpr int64_t kPreferFrom = 4096;  // M, N and K at least this
+
+bool prefers_mid_tiles(const GemmArgs& g, const Setup& s) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TE_GEMM_TILE_RULE");
+    return v == nullptr || v[0] != '0';
+  }();
+  if (!enabled || !s.fp8 || s.block || !s.fast_accum || s.fp8_out) return false;
+  if (g.a.dtype != TE_DTYPE_FLOAT8_E4M3 || g.b.dtype != TE_DTYPE_FLOAT8_E4M3) return false;
+  if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT && s.epilogue != CUBLASLT_EPILOGUE_BIAS) return false;
+  if (g.m < kPreferFrom || g.n < kPreferFrom || g.k < kPreferFrom) return false;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return current_compute_major(device) == 9;
+}
+
+// Index of the first preferred configuration among cuBLASLt's `count` candidates, else 0; said
+// once per problem at INFO.
+int preferred_candidate(const CublasLtApi& lt, const cublasLtMatmulHeuristicResult_t* r, int count,
+                        const GemmArgs& g) {
+  for (const TileCluster& want : kPreferredFprop) {
+    for (int i = 0; i < count; ++i) {
+      uint32_t tile = 0;
+      uint16_t cluster = 0;
+      size_t written = 0;
+      if (lt.MatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+          lt.MatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                          sizeof(cluster), &written) != CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      if (tile == want.tile && cluster == want.cluster) {
+        if (i > 0) {
+          log_info_once(concat("gemm-tile ", g.m, "x", g.n, "x", g.k, " ", dtype_name(g.d_dtype)), [&] {
+            return concat("te_gemm: FP8 ", g.m, " x ", g.n, " x ", g.k, " (fast accumulation) runs cuBLASLt's ",
+                          want.name, ", its candidate ", i + 1, ", rather than its first (faster at the GPU's "
+                          "power cap: benchmarks/NOTES.md)");
+          });
+        }
+        return i;
+      }
+    }
+  }
+  return 0;
+}
+
 // The plan for `g` as given, or nullptr with `*why` set when cuBLASLt has no kernel for it.
 std::unique_ptr<Plan> build_plan(const CublasLtApi& lt, cublasLtHandle_t handle, const GemmArgs& g,
                                  const Setup& s, size_t workspace_bytes, std::string* why) {
@@ -485,17 +562,18 @@ std::unique_ptr<Plan> build_plan(const CublasLtApi& lt, cublasLtHandle_t handle,
                  "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
   }
 
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates]{};
+  const bool prefer = prefers_mid_tiles(g, s);
   int count = 0;
-  const cublasStatus_t st =
-      lt.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  const cublasStatus_t st = lt.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->d, pref,
+                                                      prefer ? kHeuristicCandidates : 1, results, &count);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
       (st == CUBLAS_STATUS_SUCCESS && count == 0)) {
     *why = st == CUBLAS_STATUS_SUCCESS ? std::string() : concat(" (", lt.GetStatusString(st), ")");
     return nullptr;
   }
   check_cublas(st, "cublasLtMatmulAlgoGetHeuristic");
-  p->algo = result.algo;
+  p->algo = results[prefer ? preferred_candidate(lt, results, count, g) : 0].algo;
   return p;
 }
 
@@ -587,17 +665,6 @@ __global__ void fp8_output_scalars_kernel(const float* __restrict__ scale, float
                                           const float* __restrict__ product_amax, float* amax) {
   if (scale_inv != nullptr) *scale_inv = __frcp_rn(*scale);
   if (amax != nullptr) *amax = nan_max(*amax, *product_amax);
-}
-
-int current_compute_major(int device) {
-  static std::atomic<int> cache[kMaxDevices] = {};
-  int v = cache[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device),
-               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-    cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v;
 }
 
 // Outputs of a product with no terms (M, N or K zero).
