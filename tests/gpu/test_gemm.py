@@ -440,7 +440,7 @@ def test_fp8_fprop_at_transformer_scale_takes_the_preferred_tile(caplog):
     def dequantized(op):
         data, _ = op.parts["rowwise_data"]
         sinv, _ = op.parts["rowwise_scale_inv"]
-        return data.view(torch.float8_e4m3fn).double() * sinv.double()
+        return data.view(torch.float8_e4m3fn).float().double() * sinv.double()
 
     want = (dequantized(A) @ dequantized(B).T + bias.double().cuda()).cpu()
     for gpu in gpus:
