@@ -448,7 +448,8 @@ int preferred_candidate(const CublasLtApi& lt, const cublasLtMatmulHeuristicResu
       uint32_t tile = 0;
       uint16_t cluster = 0;
       size_t written = 0;
-      if (lt.MatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+      if (r[i].state != CUBLAS_STATUS_SUCCESS ||
+          lt.MatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
                                           &written) != CUBLAS_STATUS_SUCCESS ||
           lt.MatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
                                           sizeof(cluster), &written) != CUBLAS_STATUS_SUCCESS) {
