@@ -433,7 +433,7 @@ def test_fp8_fprop_at_transformer_scale_takes_the_preferred_tile(caplog):
     a, b = sources(m, n, k, *FPROP, "fprop-tile")
     A, B = fp8_operand(a), fp8_operand(b)
     bias = randn((n,), "fprop-tile-bias", "bfloat16")
-    kw = dict(trans_b=True, epilogue=int(E.BIAS))
+    kw = dict(trans_b=True, epilogue=int(E.BIAS), use_split_accumulator=0)
     with caplog.at_level(logging.INFO, logger="te"):
         gpus = [run("cuda", A, B, m, n, torch.bfloat16, extras={"bias": bias}, **kw) for _ in range(2)]
 

@@ -26,7 +26,6 @@
 // the product, logged once at INFO.
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -426,11 +425,7 @@ constexpr int kHeuristicCandidates = 8;
 constexpr int64_t kPreferFrom = 4096;  // M, N and K at least this
 
 bool prefers_mid_tiles(const GemmArgs& g, const Setup& s) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TE_GEMM_TILE_RULE");
-    return v == nullptr || v[0] != '0';
-  }();
-  if (!enabled || !s.fp8 || s.block || !s.fast_accum || s.fp8_out) return false;
+  if (!s.fp8 || s.block || !s.fast_accum || s.fp8_out) return false;
   if (g.a.dtype != TE_DTYPE_FLOAT8_E4M3 || g.b.dtype != TE_DTYPE_FLOAT8_E4M3) return false;
   if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT && s.epilogue != CUBLASLT_EPILOGUE_BIAS) return false;
   if (g.m < kPreferFrom || g.n < kPreferFrom || g.k < kPreferFrom) return false;
