@@ -89,6 +89,29 @@ def test_fwd_high_precision(shape, in_dtype, out_dtype, rms, zcg):
     np.testing.assert_allclose(rsigma, rrs, rtol=1e-6)
 
 
+@pytest.mark.parametrize("h", [8000, 16384])
+@pytest.mark.parametrize("kind", ["offset", "outlier_first"])
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_stats_of_rows_that_defeat_fp32_sums(h, kind, rms):
+    """Rows whose mean dwarfs their spread (100 +- 4) or whose first element does (3000 beside
+    N(0, 1) values): summed in index order in fp32, every later term of such a row is rounded to
+    the huge partial sum's ulp and rsigma came out up to 4e-5 off float64; the reference's sums
+    must stay as accurate as the CUDA kernels' tree sums it checks."""
+    rng = rng_for("norm-defeat", h, kind)
+    if kind == "offset":
+        x = (rng.standard_normal((5, h)) * 4.0 + 100.0).astype(np.float32)
+    else:
+        x = rng.standard_normal((5, h)).astype(np.float32)
+        x[:, 0] = 3000.0
+    gamma = np.ones(h, np.float32)
+    y = np.zeros_like(x)
+    mu, rsigma = run_fwd(x, gamma, None, hp_output(y), rms)
+    _, rmu, rrs = ref_fwd(x, gamma, None, rms, False)
+    np.testing.assert_allclose(rsigma, rrs, rtol=1e-6)
+    if not rms:
+        np.testing.assert_allclose(mu, rmu, rtol=1e-6)
+
+
 def test_rsigma_is_one_over_correctly_rounded_sqrt():
     """rsigma = 1.0f / sqrtf(var + eps), each step correctly rounded in fp32 (not rsqrt)."""
     x = np.array([[1.0, 2.0, 4.0, 7.0]], np.float32)

@@ -1,8 +1,12 @@
 // LayerNorm / RMSNorm reference (te/normalization.h has the contract). Every step is a plain fp32
 // operation in a fixed order, so the numbers are reproducible and the CUDA kernels can be checked
-// against them: row sums in index order (two passes for LayerNorm: the mean, then the centered
-// squares, which avoids the cancellation of E[x^2] - E[x]^2), rsigma = 1 / sqrt(var + eps) with
-// both operations correctly rounded, dgamma/dbeta accumulated over rows in index order.
+// against them, but for the forward's two row sums (LayerNorm's two passes: the mean, then the
+// centered squares, which avoids the cancellation of E[x^2] - E[x]^2), accumulated in double
+// and rounded to fp32 once: an fp32 sum in index order lost up to 4e-5 of rsigma on rows with an
+// outlier or a large offset (a 3000 beside N(0, 1) values, against float64), more than the CUDA
+// kernels' fp32 tree sums do, so the reference would not have been the accurate side. Each
+// square is the fp32 d = x - mu squared exactly (as the kernels' fmaf). rsigma = 1 / sqrt(var +
+// eps) with both operations correctly rounded, dgamma/dbeta accumulated over rows in index order.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -36,16 +40,16 @@ void norm_fwd(const NormFwdArgs& args, void* /*stream*/) {
     const int64_t base = r * cols;
     float mu = 0.0f;
     if (!args.rms) {
-      float sum = 0.0f;
+      double sum = 0.0;
       for (int64_t c = 0; c < cols; ++c) sum += load_as_float(args.input, args.in_dtype, base + c);
-      mu = sum / n;
+      mu = static_cast<float>(sum) / n;
     }
-    float sq = 0.0f;
+    double sq = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
-      const float d = load_as_float(args.input, args.in_dtype, base + c) - mu;
+      const double d = load_as_float(args.input, args.in_dtype, base + c) - mu;
       sq += d * d;
     }
-    const float var = sq / n;
+    const float var = static_cast<float>(sq) / n;
     const float rsigma = 1.0f / std::sqrt(var + args.eps);
     for (int64_t c = 0; c < cols; ++c) {
       const float xhat = (load_as_float(args.input, args.in_dtype, base + c) - mu) * rsigma;

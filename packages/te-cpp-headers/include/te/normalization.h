@@ -13,8 +13,10 @@
  *   y = fmaf(xhat, g, beta)              (without beta: xhat * g)
  *   evaluated in this order, each operation rounded once (fmaf: one rounding of xhat * g + beta)
  *
- * Sums run over the row in index order in fp32 on the CPU; the CUDA backend reduces in another
- * order, so mu, rsigma and y agree to fp32 rounding, not bit for bit. The output is a
+ * The forward's row sums run in index order in double on the CPU, rounded to fp32 once (an fp32
+ * sum in index order loses ~1e-5 on rows with an outlier or a large offset); the CUDA backend
+ * reduces in fp32 in another order, so mu, rsigma and y agree to fp32 rounding, not bit for bit.
+ * The output is a
  * te_quantized_tensor: either
  *   - high precision: only rowwise_data, dtype fp32/fp16/bf16, scaling_mode PER_TENSOR, every
  *     other part absent; y is rounded to nearest even; or
