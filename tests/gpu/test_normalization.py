@@ -183,7 +183,8 @@ COMBOS = [
 ]
 # Every layout: one warp per row (H <= 256), 1/2/4/8 chunks per thread, 512 threads x 8 chunks
 # (16-bit, H = 32768), re-read (H = 65536), H not a multiple of 8, no rows; and several rows per
-# CTA at 4 chunks, where RMSNorm's 16-bit rows with a high-precision output rotate 3 stages.
+# CTA at 4 chunks, where RMSNorm's 16-bit rows with a high-precision output rotate 3 stages;
+# H 8000 is H 8192's layout (8 chunks) with the row's last threads partly outside it.
 FWD_SHAPES = [
     (1, 1),
     (3, 7),
@@ -194,6 +195,7 @@ FWD_SHAPES = [
     (6151, 3000),
     (129, 4097),
     (9, 8192),
+    (5, 8000),
     (6, 16384),
     (3, 32768),
     (2, 65536),
@@ -238,6 +240,31 @@ def test_fwd_vs_cpu(shape, combo, rms, variant):
     else:
         xmax = float(x.double().abs().max()) if x.numel() else 0.0
         assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
+
+
+@pytest.mark.parametrize("h", [8192, 8000, 16384])
+@pytest.mark.parametrize("kind", ["offset", "outlier_first"])
+def test_fwd_rows_that_defeat_fp32_sums_vs_cpu(h, kind):
+    """Rows whose mean dwarfs their spread (100 +- 4), or whose first element does (3000 beside
+    N(0, 1) values), through the 16-bit rows kernels: the kernels' statistics must not cancel, and
+    the CPU reference's own sums (double since the thirty-sixth session: index-order fp32 ones
+    were 2-4e-5 off float64 here, the kernels within 2e-7) must agree with them."""
+    shape = (7, h)
+    if kind == "offset":
+        x = gen(shape, "bfloat16", ("ox", kind, h), scale=4.0, offset=100.0)
+    else:
+        x = gen(shape, "bfloat16", ("ox", kind, h), scale=1.0)
+        x[:, 0] = 3000.0
+    gamma = gen((h,), "bfloat16", ("og", h), scale=0.3, offset=0.5)
+    beta = gen((h,), "bfloat16", ("ob", h), scale=0.2)
+    (cy, cmu, crs), (gy, gmu, grs) = (
+        run_fwd(d, x, gamma, beta, lambda dd: hp_output(shape, "float32", dd), False) for d in ["cpu", "cuda"]
+    )
+    rtol, atol = fp32_tolerance(cy["y"], h)
+    assert_close(gy["y"], cy["y"], "y", rtol, atol)
+    assert_close(grs, crs, "rsigma", 4 * sum_rtol(h), 0.0)
+    xmax = float(x.double().abs().max())
+    assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(h) * xmax)
 
 
 def test_fwd_16384x8192_vs_cpu():
