@@ -17,7 +17,9 @@
 // layouts, epilogue, scale modes, fast accumulation, pointer alignment classes, workspace size,
 // device); a call looks it up, sets the pointer attributes (scales, bias, aux, amax) under the
 // plan's own lock and enqueues cublasLtMatmul. The lock is held only while the descriptor is
-// written and the call is enqueued (cuBLASLt reads the descriptor at enqueue time).
+// written and the call is enqueued (cuBLASLt reads the descriptor at enqueue time). The plan's
+// algorithm is the heuristic's first, but for Hopper's large per-tensor FP8 fprop GEMMs
+// (prefers_mid_tiles below: a mid-size tile from its top 8, deterministic, said once at INFO).
 //
 // Where cuBLASLt has no fused kernel for the request (its heuristic says NOT_SUPPORTED: e.g. an
 // fp32 bias next to a 16-bit or FP8 product, E5M2 output from two E4M3 operands, an aux leading
@@ -407,7 +409,8 @@ int current_compute_major(int device) {
 // Transformer layer (16384 tokens x 4096 / 16384 features) cuBLASLt's first choice is a big tile
 // (320x128, 192x192) that runs 8-14% slower than a mid-size tile in a 2-CTA cluster once the GPU
 // sits at its power cap, as it does through training (benchmarks/cublaslt_algos.cu, alternating
-// rounds on the H200: NOTES.md, thirty-fifth session). The preferred configurations, in order, are
+// rounds: 1.08-1.14x on the H200, 1.10x on the H100; whole Linear steps 1-3.4% faster on the
+// H100: NOTES.md, thirty-fifth and thirty-sixth sessions). The preferred configurations, in order, are
 // taken only from cuBLASLt's own top candidates for the problem, so it vouches for each; where
 // none is listed, or the problem is smaller, its first choice stands. The choice depends only on
 // the problem (no timing), so a GEMM's bits do not vary from run to run.
