@@ -129,6 +129,23 @@ def test_delayed_scaling_defaults():
     assert r.reduce_amax is True
     assert r.fp8_dpa is False and r.fp8_mha is False
     assert r.backward_override is None
+    # te's keyword-only GEMM fields: TE-PyTorch's fixed split accumulation (off, on, on)
+    assert r.fp8_gemm_fprop == MMParams(use_split_accumulator=False)
+    assert r.fp8_gemm_dgrad == MMParams(use_split_accumulator=True)
+    assert r.fp8_gemm_wgrad == MMParams(use_split_accumulator=True)
+
+
+def test_delayed_scaling_gemm_fields_are_keyword_only_and_checked():
+    fast = MMParams(use_split_accumulator=False)
+    r = DelayedScaling(fp8_gemm_dgrad=fast, fp8_gemm_wgrad=fast)
+    assert (r.fp8_gemm_dgrad, r.fp8_gemm_wgrad) == (fast, fast)
+    with pytest.raises(TypeError):
+        DelayedScaling(0, Format.HYBRID, 1024, "max", None, True, False, False, None, fast)
+    with pytest.raises(TypeError, match=r"DelayedScaling.fp8_gemm_wgrad: expected a MMParams, got False"):
+        DelayedScaling(fp8_gemm_wgrad=False)
+    with pytest.raises(TypeError, match=r"DelayedScaling.fp8_gemm_fprop: expected a MMParams, got True"):
+        r.fp8_gemm_fprop = True
+    assert r.fp8_gemm_fprop == MMParams(use_split_accumulator=False)
 
 
 def test_delayed_scaling_positional_order_matches_te():
@@ -647,7 +664,10 @@ def test_repr_contents():
     assert repr(DelayedScaling()) == (
         "DelayedScaling(margin=0, fp8_format=Format.HYBRID, amax_history_len=1024, "
         "amax_compute_algo='max', scaling_factor_compute_algo=None, reduce_amax=True, "
-        "fp8_dpa=False, fp8_mha=False, backward_override=None)"
+        "fp8_dpa=False, fp8_mha=False, backward_override=None, "
+        "fp8_gemm_fprop=MMParams(use_split_accumulator=False), "
+        "fp8_gemm_dgrad=MMParams(use_split_accumulator=True), "
+        "fp8_gemm_wgrad=MMParams(use_split_accumulator=True))"
     )
     assert repr(MMParams(False)) == "MMParams(use_split_accumulator=False)"
     assert "fp8_gemm_fprop=MMParams(use_split_accumulator=False)" in repr(Float8CurrentScaling())

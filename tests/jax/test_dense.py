@@ -14,6 +14,7 @@ Run: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/jax/test_d
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import _jax_oracle as oracle
 import jax
@@ -255,3 +256,36 @@ def test_float32_bias_is_added_in_the_output_dtype(name):
     assert np.array_equal(np.asarray(g32[1], F32), np.asarray(g16[1], F32))
     assert g32[2].dtype == F32 and g16[2].dtype == jnp.bfloat16
     assert np.array_equal(np.asarray(g32[2].astype(jnp.bfloat16), F32), np.asarray(g16[2], F32))
+
+
+_FAST = recipe.MMParams(use_split_accumulator=False)
+
+
+@pytest.mark.parametrize(
+    "r, want",
+    [
+        (recipe.DelayedScaling(), ("0", "1", "1")),
+        (recipe.DelayedScaling(fp8_gemm_dgrad=_FAST, fp8_gemm_wgrad=_FAST), ("0", "0", "0")),
+        (recipe.Float8CurrentScaling(fp8_gemm_dgrad=_FAST), ("0", "0", "1")),
+    ],
+    ids=["delayed", "delayed_fast_bwd", "current_fast_dgrad"],
+)
+def test_recipe_split_accumulation_reaches_each_gemm(r, want):
+    """DenseGeneral's three te_gemm calls carry the recipe's fp8_gemm_fprop / _dgrad / _wgrad
+    (the CPU backend accumulates exactly either way, so the lowered calls are what can be
+    checked here)."""
+    m = te_jax.flax.DenseGeneral(features=32)
+    x = jnp.ones((16, 32), F32)
+    with te_jax.autocast(enabled=True, recipe=r):
+        v = m.init(jax.random.PRNGKey(0), x)
+        text = (
+            jax.jit(jax.grad(lambda v, x: jnp.sum(m.apply(v, x) ** 2), argnums=(0, 1))).lower(v, x).as_text()
+        )
+    pattern = r"trans_a = (\w+).*trans_b = (\w+).*use_split_accumulator = (-?\d+)"
+    flags = {}
+    for line in text.splitlines():
+        if "te_gemm" in line:
+            a, b, split = re.search(pattern, line).groups()
+            flags[(a, b)] = split
+    # fprop x w, dgrad dy w^T, wgrad x^T dy
+    assert (flags[("false", "false")], flags[("false", "true")], flags[("true", "false")]) == want

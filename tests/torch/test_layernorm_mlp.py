@@ -97,11 +97,7 @@ def emulate(m, r, x, dy, s1=(None, None), s2=(None, None)):
     w1, w2 = m.fc1_weight.detach(), m.fc2_weight.detach()
     b1 = None if m.fc1_bias is None else m.fc1_bias.detach()
     b2 = None if m.fc2_bias is None else m.fc2_bias.detach()
-    split = (
-        (False, True)
-        if r.delayed()
-        else (r.fp8_gemm_fprop.use_split_accumulator, r.fp8_gemm_dgrad.use_split_accumulator)
-    )
+    split = (r.fp8_gemm_fprop.use_split_accumulator, r.fp8_gemm_dgrad.use_split_accumulator)
     qx1, qw1, qg1 = ref_quantizers(r, *s1)
     qx2, qw2, qg2 = ref_quantizers(r, *s2)
     ln32 = te_norm32(x, lw, lb, rms, m.eps, m.zero_centered_gamma)

@@ -333,3 +333,44 @@ def test_a_meta_call_leaves_no_plan_for_the_cpu(make):
     with te.autocast(recipe=r):
         ya, yb = a(x), b(x)
     assert ya.device.type == "cpu" and torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize(
+    "recipe, want",
+    [
+        (te.recipe.DelayedScaling(), (0, 1, 1)),
+        (
+            te.recipe.DelayedScaling(
+                fp8_gemm_dgrad=te.recipe.MMParams(use_split_accumulator=False),
+                fp8_gemm_wgrad=te.recipe.MMParams(use_split_accumulator=False),
+            ),
+            (0, 0, 0),
+        ),
+        (te.recipe.DelayedScaling(fp8_gemm_fprop=te.recipe.MMParams(use_split_accumulator=True)), (1, 1, 1)),
+        (
+            te.recipe.Float8CurrentScaling(fp8_gemm_wgrad=te.recipe.MMParams(use_split_accumulator=False)),
+            (0, 1, 0),
+        ),
+    ],
+    ids=["delayed", "delayed_fast_bwd", "delayed_split_fprop", "current_fast_wgrad"],
+)
+def test_recipe_split_accumulation_reaches_each_gemm(monkeypatch, recipe, want):
+    """The step's three GEMM configs take the recipe's fp8_gemm_fprop / _dgrad / _wgrad (the CPU
+    backend accumulates exactly either way, so the configs are what can be checked here)."""
+    from te_torch import _linear_step
+
+    made = {}
+    real = _linear_step.gemm_config
+
+    def spy(trans_a, trans_b, *rest):
+        made[(trans_a, trans_b)] = rest[-1]
+        return real(trans_a, trans_b, *rest)
+
+    monkeypatch.setattr(_linear_step, "gemm_config", spy)
+    m = te.Linear(32, 48, params_dtype=torch.float32)
+    x = torch.randn(16, 32, requires_grad=True)
+    with te.autocast(recipe=recipe):
+        y = m(x)
+    y.backward(torch.randn_like(y))
+    # (trans_a, trans_b): fprop x w^T, dgrad dy w, wgrad dy^T x
+    assert (made[(False, True)], made[(False, False)], made[(True, False)]) == want

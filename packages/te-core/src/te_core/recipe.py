@@ -14,6 +14,9 @@ Differences from TE, all deliberate:
   and their `fp8_quant_*` QParams follow the recipe's own `use_power_2_scales` /
   `use_f32_scales` / `amax_epsilon` (TE computes them once, from the environment, at import).
 - `DelayedScaling` ignores `NVTE_BACKWARD_OVERRIDE` (it supports only None; TE fails instead).
+- `DelayedScaling` has keyword-only `fp8_gemm_fprop` / `_dgrad` / `_wgrad` MMParams like the other
+  per-tensor recipe's, defaulting to TE-PyTorch's fixed split accumulation (off / on / on), so a
+  user can ask for TE-JAX's fast accumulation in all three GEMMs.
 - `repr()` is constructor-like: `DelayedScaling(margin=0, fp8_format=Format.HYBRID, ...)`.
 """
 
@@ -95,6 +98,10 @@ class DelayedScaling(Recipe):
         reduce_amax: all-reduce (max) amaxes across the amax reduction group before the update.
         fp8_dpa / fp8_mha: FP8 attention core / also FP8 between QKV, attention and projection.
         backward_override: only None is supported.
+        fp8_gemm_fprop / _dgrad / _wgrad (keyword only, te): split accumulation off / on / on,
+            TE-PyTorch's fixed choice. TE's DelayedScaling has no such fields, and TE-JAX runs all
+            three GEMMs with fast accumulation (MMParams(use_split_accumulator=False) for dgrad
+            and wgrad gives that: faster, less accurate over long reductions).
     """
 
     margin: int | float = 0
@@ -106,12 +113,17 @@ class DelayedScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = None
+    _: KW_ONLY
+    fp8_gemm_fprop: MMParams = field(default=MMParams(use_split_accumulator=False))
+    fp8_gemm_dgrad: MMParams = field(default=MMParams(use_split_accumulator=True))
+    fp8_gemm_wgrad: MMParams = field(default=MMParams(use_split_accumulator=True))
 
     _KINDS = frozenset({"delayed"})
 
     def _validate(self) -> None:
         owner = "DelayedScaling"
         _check_fp8_common(self, overrides=(None,))
+        _check_mmparams(self)
         _b.check_number(owner, "margin", self.margin)
         _b.check_int(owner, "amax_history_len", self.amax_history_len, minimum=1)
         algo = self.amax_compute_algo

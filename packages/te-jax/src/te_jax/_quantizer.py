@@ -136,9 +136,9 @@ def plan_for(recipe) -> Plan:
             x=q,
             w=q,
             grad=dataclasses.replace(q, dtype=bwd),
-            split_fprop=False,
-            split_dgrad=True,
-            split_wgrad=True,
+            split_fprop=bool(recipe.fp8_gemm_fprop.use_split_accumulator),
+            split_dgrad=bool(recipe.fp8_gemm_dgrad.use_split_accumulator),
+            split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
             delayed=DelayedParams(
                 float(recipe.margin),
                 int(recipe.amax_history_len),

@@ -238,7 +238,7 @@ class FP8Context:
             # the update's cached plan is found by
             self.fwd_entry = (self.fwd_key, recipe, fwd)
             self.bwd_entry = (self.bwd_key, recipe, bwd)
-            self.split = (False, True, True)
+            self.split = _splits(recipe)
         elif recipe.float8_current_scaling():
             fdt, bdt = _dtypes(recipe.fp8_format)
 
