@@ -38,6 +38,12 @@ RECIPES = {
     "hp": None,
     "current": recipe.Float8CurrentScaling(),
     "delayed": recipe.DelayedScaling(amax_history_len=8),
+    # TE-JAX's accumulation: fast in every GEMM (te's keyword-only DelayedScaling fields)
+    "delayed_fast": recipe.DelayedScaling(
+        amax_history_len=8,
+        fp8_gemm_dgrad=recipe.MMParams(use_split_accumulator=False),
+        fp8_gemm_wgrad=recipe.MMParams(use_split_accumulator=False),
+    ),
     "block": recipe.Float8BlockScaling(),
     "mxfp8": recipe.MXFP8BlockScaling(),
     "nvfp4": recipe.NVFP4BlockScaling(),  # stochastic rounding from the "sr_rng" stream
@@ -78,6 +84,7 @@ MODELS = {
 CASES = [(m, r) for m in MODELS for r in ("hp", "current", "delayed", "block")] + [
     ("mlp_gelu", "mxfp8"),
     ("mlp_gelu", "nvfp4"),
+    ("mlp_gelu", "delayed_fast"),
 ]
 # 21 tokens: te_jax pads the rows to 32 for the per-tensor and block FP8 GEMMs (te_jax/_token_pad.py).
 ODD_TOKEN_CASES = [
