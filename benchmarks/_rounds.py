@@ -9,8 +9,9 @@ its per-round ratios: both sides of every ratio ran seconds apart, under the sam
 
 The order of the rows turns by one each round, so no row always follows the same one. With a
 fixed order (through the thirty-seventh session) te.Linear BF16, which runs torch's own
-F.linear, read 0.92-0.96x of torch's row right before it at 4096 -> 4096 in every run on both
-GPUs: a row that always ran second paid for a position, not for its work.
+F.linear, read 0.90-0.96x of the torch row right before it at 4096 -> 4096 in every run: a
+place in the order may cost a row as much as its work does, and turning the order spreads
+that cost over every row alike.
 """
 
 from __future__ import annotations
