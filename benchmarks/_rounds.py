@@ -6,6 +6,12 @@ after another in blocks then see different clocks, and the later rows (te's, aft
 baseline) pay for the heat of the earlier ones. So each round times every row in turn (a short
 warm-up, then the median of a few steps), and a row's ratio to the baseline is the median of
 its per-round ratios: both sides of every ratio ran seconds apart, under the same conditions.
+
+The order of the rows turns by one each round, so no row always follows the same one. With a
+fixed order (through the thirty-seventh session) te.Linear BF16, which runs torch's own
+F.linear, read 0.90-0.96x of the torch row right before it at 4096 -> 4096 in every run: a
+place in the order may cost a row as much as its work does, and turning the order spreads
+that cost over every row alike.
 """
 
 from __future__ import annotations
@@ -21,16 +27,20 @@ def interleaved(
     iters: int,
     warmup: int,
 ) -> tuple[dict[str, list[float]], dict[str, Exception]]:
-    """Per row, the median ms of each round (``time_one(step)`` times one step, in ms); a row
-    that raises is dropped from later rounds and reported with its exception."""
+    """Per row, the median ms of each round (``time_one(step)`` times one step, in ms), the rows
+    taken in ``steps``' order turned by one more each round; a row that raises is dropped from
+    later rounds and reported with its exception."""
     if rounds < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"interleaved: rounds and iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
     per: dict[str, list[float]] = {name: [] for name in steps}
     failed: dict[str, Exception] = {}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    names = list(steps)
+    for r in range(rounds):
+        turn = r % len(names) if names else 0
+        for name in names[turn:] + names[:turn]:
             if name in failed:
                 continue
+            step = steps[name]
             try:
                 for _ in range(warmup):
                     step()
