@@ -7,11 +7,11 @@ baseline) pay for the heat of the earlier ones. So each round times every row in
 warm-up, then the median of a few steps), and a row's ratio to the baseline is the median of
 its per-round ratios: both sides of every ratio ran seconds apart, under the same conditions.
 
-The order of the rows turns by one each round, so no row always follows the same one. With a
-fixed order (through the thirty-seventh session) te.Linear BF16, which runs torch's own
-F.linear, read 0.90-0.96x of the torch row right before it at 4096 -> 4096 in every run: a
-place in the order may cost a row as much as its work does, and turning the order spreads
-that cost over every row alike.
+The order of the rows turns by one each round, so every row takes every place. With a fixed
+order (through the thirty-seventh session) te.Linear BF16, which runs torch's own F.linear, read
+0.90-0.96x of the torch row right before it at 4096 -> 4096 in every run. Turning spreads what a
+place costs over every row alike, but keeps each row's predecessor, which the H200 still showed
+(0.93x, thirty-eighth session; benchmarks/NOTES.md).
 """
 
 from __future__ import annotations

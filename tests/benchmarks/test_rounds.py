@@ -39,8 +39,8 @@ def test_rows_alternate_and_ratios_are_per_round():
 
 
 def test_every_row_takes_every_place_in_turn():
-    """No row always runs right after the same one (te.Linear BF16, torch's own F.linear, read
-    0.90-0.96x of the torch row before it with a fixed order): the order turns each round."""
+    """Every row takes every place (te.Linear BF16, torch's own F.linear, read 0.90-0.96x of the
+    torch row before it with a fixed order): the order turns by one each round."""
     order = []
     steps = {name: (lambda name=name: order.append(name)) for name in "abc"}
     interleaved(steps, lambda s: (s(), 1.0)[1], rounds=4, iters=1, warmup=0)
