@@ -119,6 +119,14 @@ class Plan:
 _BLOCK_MODE = {1: "block_1d", 2: "block_2d"}
 
 
+def _splits(recipe) -> dict[str, bool]:
+    """A per-tensor recipe's split accumulation per GEMM (its fp8_gemm_* MMParams)."""
+    return {
+        f"split_{g}": bool(getattr(recipe, f"fp8_gemm_{g}").use_split_accumulator)
+        for g in ("fprop", "dgrad", "wgrad")
+    }
+
+
 def plan_for(recipe) -> Plan:
     """The Plan of ``recipe`` (None: high precision); TypeError/NotImplementedError otherwise."""
     if recipe is None:
@@ -136,9 +144,7 @@ def plan_for(recipe) -> Plan:
             x=q,
             w=q,
             grad=dataclasses.replace(q, dtype=bwd),
-            split_fprop=bool(recipe.fp8_gemm_fprop.use_split_accumulator),
-            split_dgrad=bool(recipe.fp8_gemm_dgrad.use_split_accumulator),
-            split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
+            **_splits(recipe),
             delayed=DelayedParams(
                 float(recipe.margin),
                 int(recipe.amax_history_len),
@@ -168,9 +174,7 @@ def plan_for(recipe) -> Plan:
             x=role(E4M3, dims[0], recipe.fp8_quant_fwd_inp),
             w=role(E4M3, dims[1], recipe.fp8_quant_fwd_weight),
             grad=role(E4M3 if block else bwd, dims[2], recipe.fp8_quant_bwd_grad),
-            split_fprop=bool(recipe.fp8_gemm_fprop.use_split_accumulator),
-            split_dgrad=bool(recipe.fp8_gemm_dgrad.use_split_accumulator),
-            split_wgrad=bool(recipe.fp8_gemm_wgrad.use_split_accumulator),
+            **_splits(recipe),
         )
     if isinstance(recipe, _recipe.MXFP8BlockScaling):
         q = Quantizer("mxfp8", E4M3, "mxfp8_1d")
