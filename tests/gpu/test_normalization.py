@@ -283,6 +283,27 @@ def test_fwd_16384x8192_vs_cpu():
     torch.cuda.empty_cache()
 
 
+# LayerNorm's wide rows (16-bit x, 8 chunks a thread) with 16-bit weights of x's dtype and a full
+# wave of rows take the kernel holding several rows a CTA and the weights in shared memory (six
+# rows of H 8192, eight of H 6144 on a 132-SM GPU: 792 / 1056 rows make a wave); H 8000 has the
+# row's last thread partly outside it. 1500 rows end with a partial row group.
+SHARED_W_SHAPES = [(1500, 8192), (1500, 8000), (1500, 6144)]
+
+
+@pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
+def test_fwd_shared_weights_vs_cpu(shape, x_dt):
+    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w", shape))
+    (cy, cmu, crs), (gy, gmu, grs) = (
+        run_fwd(d, x, gamma, beta, lambda dd: hp_output(shape, "float32", dd), False) for d in ["cpu", "cuda"]
+    )
+    rtol, atol = fp32_tolerance(cy["y"], shape[-1])
+    assert_close(gy["y"], cy["y"], "y", rtol, atol)
+    assert_close(grs, crs, "rsigma", 4 * sum_rtol(shape[-1]), 0.0)
+    xmax = float(x.double().abs().max())
+    assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
+
+
 # ---- FP8 outputs: bit-identical to te_quantize of the fp32 y --------------------------------
 
 PT, B1, B2 = M.PER_TENSOR, M.BLOCK_1D, M.BLOCK_2D
@@ -393,6 +414,17 @@ def test_fwd_fp8_16384x8192(case):
     for rms in [False, True]:
         check_fp8(shape, case, "e4m3", x, gamma, None if rms else beta, rms, zcg=False)
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("case", ["delayed", "delayed_ct", "current", "current_colonly", "delayed_reset"])
+@pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
+def test_fwd_fp8_shared_weights(shape, x_dt, case):
+    """The per-tensor FP8 forms of test_fwd_shared_weights_vs_cpu's LayerNorm: every part the
+    same bits as te_quantize of the fp32 y (whose path is checked against the CPU there)."""
+    fmt = "e5m2" if case == "current_colonly" else "e4m3"
+    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
+    check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)
 
 
 # ---- backward -------------------------------------------------------------------------------

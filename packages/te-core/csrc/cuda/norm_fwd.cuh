@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "common/kernels.h"
@@ -276,12 +277,18 @@ template <typename T, int kOut, int kChunks>
 constexpr int kRowMinBlocks =
     kChunks <= 4 ? (kOut == kOutBlock1D && kChunks == 4 ? 3 : 4) : (sizeof(T) == 2 ? 1 : 2);
 
-// The rows kernel's body; the kernels below differ only in how their registers are bounded.
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
+// The rows kernel's body; the kernels below differ only in how their registers are bounded and
+// (kSharedW) where the weights are read from. kSharedW: one CTA an SM holding several rows, each
+// row's reductions on its own named barrier (1 + threadIdx.y) so the rows run apart as separate
+// CTAs would, and the 16-bit gamma and beta copied once into shared memory after the stages,
+// where every row reads them instead of from L1 / L2 (launch_rows_shared_w says where it runs).
+constexpr int kSharedWMaxThreads = 1024;
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16, bool kSharedW = false>
 __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
+  constexpr int kCtaThreads = kSharedW ? kSharedWMaxThreads : kMaxThreads;
   extern __shared__ uint4 staged[];  // [stages][Y][kChunks][kQuads][X] 16-byte pieces
-  __shared__ __align__(16) float red[2 * kMaxThreads / 32];
-  __shared__ uint32_t red_max[kMaxThreads / 32];
+  __shared__ __align__(16) float red[2 * kCtaThreads / 32];
+  __shared__ uint32_t red_max[kCtaThreads / 32];
   constexpr int kQ = norm::kQuads<T>;
   const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
   const int64_t cols = p.cols;
@@ -297,6 +304,19 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
     return !live ? 0 : (full ? 8 : norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8));
   };
   const float s = per_tensor_scale<kOut, kFmt>(p);
+  // kSharedW: gamma's 16-byte pieces, then beta's, after the stages.
+  uint4* const wsm = staged + stages * stage_size;
+  if constexpr (kSharedW) {
+    static_assert(kW16, "fwd_rows: shared-memory weights are 16-bit pieces");
+    const int pieces = kChunks * X;
+    const uint4* g4 = reinterpret_cast<const uint4*>(p.gamma);
+    const uint4* b4 = reinterpret_cast<const uint4*>(p.beta);
+    for (int i = ty * X + t; i < pieces; i += X * Y) {
+      wsm[i] = __ldg(g4 + i);
+      if (!kRms) wsm[pieces + i] = __ldg(b4 + i);
+    }
+    __syncthreads();
+  }
 
   // Copies this thread's chunks of row `row` into stage st (nothing past the last row group).
   auto stage_row = [&](int64_t row, int st) {
@@ -364,7 +384,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
         for (int j = 0; j < kChunks; ++j)
 #pragma unroll
           for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], v[j].get(k));
-        norm::row_sum_pp(sum, red, parity);
+        norm::row_sum_pp<1, kSharedW>(sum, red, parity);
         mu = __fdiv_rn(sum[0], n);
       }
       // One test for the row, not one per chunk: with the test inside the chunk loop the compiler
@@ -389,7 +409,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
           sq[0] = add_squares(sq[0], d, valid_of(j, true));
         }
       }
-      norm::row_sum_pp(sq, red, parity);
+      norm::row_sum_pp<1, kSharedW>(sq, red, parity);
       rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
       if (live && t == 0) {
         if (p.mu != nullptr) p.mu[row] = mu;
@@ -410,7 +430,19 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
       norm::read_chunk(v, slot + j * kQ * X, X);
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
-      if constexpr (kRms && !kW16) {
+      if constexpr (kSharedW) {
+        float g[8], b[8];
+        Raw8<T> gw, bw;
+        norm::read_chunk(gw, wsm + j * X + t, X);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) g[k] = gw.get(k);
+        if constexpr (!kRms) {
+          norm::read_chunk(bw, wsm + (kChunks + j) * X + t, X);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) b[k] = bw.get(k);
+        }
+        apply_weights<!kRms>(rs, g, b, y);
+      } else if constexpr (kRms && !kW16) {
         chunk_y<false>(p, t * 8 + j * X * 8, valid, rs, y);
       } else {
         chunk_y_pieces<T, kW16, !kRms>(p, j, X, t, rs, y);
@@ -506,6 +538,11 @@ __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdPar
 }
 template <typename T, int kOut, int kChunks, bool kRms, bool kW16>
 constexpr bool kWideRows = sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D && (!kRms || kW16);
+// LayerNorm's wide rows with 16-bit weights, several rows a CTA (launch_rows_shared_w).
+template <typename T, int kOut, int kFmt, int kChunks>
+__global__ void __maxnreg__(kWideRowRegs) norm_fwd_shared_w_kernel(const FwdParams p) {
+  fwd_rows<T, kOut, kFmt, kChunks, false, true, true>(p);
+}
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
 template <typename T, int kOut, int kFmt>
@@ -631,11 +668,85 @@ constexpr int kFwdStages = (kRms && kOut == kOutHigh && sizeof(T) == 2 && kChunk
 template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
 
+// Rows a CTA of kShared (norm_fwd_shared_w_kernel) on the current device at X threads a row, or 0
+// where it does not hold at least as many rows as kWide (the wide-rows kernel, one row a CTA) has
+// CTAs an SM: then the rows in flight would drop. Cached per device and X.
+template <auto kShared, auto kWide, int kStages>
+int shared_w_rows(int X, size_t row_bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices][kMaxThreads / 32 + 1] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const int known = cache[device][X / 32].load(std::memory_order_relaxed);
+    if (known != 0) return known - 1;
+  }
+  const size_t w_bytes = 2 * row_bytes;  // gamma's and beta's pieces
+  const size_t avail = norm::max_dynamic_smem<kShared>();
+  int rows = avail > w_bytes ? static_cast<int>((avail - w_bytes) / (kStages * row_bytes)) : 0;
+  // Registers (80 a thread, 64 K an SM), threads a CTA, named barriers (1..15; 0 is the CTA's).
+  rows = std::min({rows, kSharedWMaxThreads / X, 65536 / (X * kWideRowRegs), 15});
+  const size_t wide_smem = kStages * row_bytes;
+  norm::allow_dynamic_smem<kWide>(wide_smem);
+  int wide = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&wide, kWide, X, wide_smem),
+             "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  if (rows < 2 || rows < wide) {
+    rows = 0;
+  } else {
+    const size_t smem = kStages * row_bytes * rows + w_bytes;
+    norm::allow_dynamic_smem<kShared>(smem);
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kShared, X * rows, smem),
+               "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (per_sm < 1) rows = 0;
+  }
+  if (cached) cache[device][X / 32].store(rows + 1, std::memory_order_relaxed);
+  return rows;
+}
+
+// LayerNorm's wide rows with 16-bit weights: one CTA an SM holding as many rows as the wide-rows
+// kernel has CTAs there, gamma and beta copied once per CTA into shared memory (fwd_rows'
+// kSharedW). With one row a CTA the weights (32 KB a row at H 8192) were re-read by every row,
+// mostly from L2 (ncu on the H200: ~9.4 M sectors a call beside x's 8.4 M), since 192 KB of
+// stages leave the L1 28 KB, and each chunk's y waited on them. Measured on the H200 (16384 x 8192
+// bf16, three alternating passes; benchmarks/NOTES.md, thirty-eighth session): per-tensor FP8
+// 0.131-0.133 -> 0.104-0.105 ms (0.73 -> 0.92 of copy), the current-scaling pair 0.223 -> 0.195,
+// BF16 0.152-0.154 -> 0.149-0.150. On an H100, whose LayerNorm rows were already at 0.85-0.90 of
+// its lower copy bandwidth, the same change moved them by -1 to +2%. RMSNorm (16 KB of weights,
+// which mostly hit L1) gained nothing in BF16 and lost 6% in per-tensor FP8 this way on the H200,
+// so it keeps the wide-rows kernel. Only for a
+// full wave of rows (fewer would sit on fewer SMs than one row a CTA spreads them over). False:
+// the caller launches the wide-rows kernel.
+template <auto kShared, auto kWide, typename T, int kChunks, int kStages>
+bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+  if (layout.rows != 1) return false;
+  const int X = layout.threads;
+  const size_t row_bytes = static_cast<size_t>(X) * kChunks * sizeof(Raw8<T>);
+  const int rows = shared_w_rows<kShared, kWide, kStages>(X, row_bytes);
+  if (rows == 0 || p.rows < static_cast<int64_t>(rows) * sm_count()) return false;
+  p.stages = kStages;
+  const size_t smem = kStages * row_bytes * rows + 2 * row_bytes;
+  norm::allow_dynamic_smem<kShared>(smem);
+  const int64_t ctas = std::min<int64_t>(sm_count(), ceil_div(p.rows, rows));
+  kShared<<<static_cast<unsigned>(ctas), dim3(X, rows), smem, stream>>>(p);
+  check_launch("norm_fwd_shared_w_kernel");
+  return true;
+}
+
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   if constexpr (kWideRows<T, kOut, kChunks, kRms, kW16>) {
-    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
-                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
+    constexpr auto kWide = norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
+    constexpr int kStages = kFwdStages<T, kOut, kChunks, kRms>;
+    if constexpr (!kRms && kW16) {
+      if (launch_rows_shared_w<norm_fwd_shared_w_kernel<T, kOut, kFmt, kChunks>, kWide, T, kChunks, kStages>(
+              p, layout, stream)) {
+        return;
+      }
+    }
+    launch_rows_with<kWide, T, kChunks, kStages>(p, layout, stream);
   } else {
     launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
                      kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
