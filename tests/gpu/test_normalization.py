@@ -283,10 +283,10 @@ def test_fwd_16384x8192_vs_cpu():
     torch.cuda.empty_cache()
 
 
-# LayerNorm's wide rows (16-bit x, 8 chunks a thread) with 16-bit weights of x's dtype and a full
-# wave of rows take the kernel holding several rows a CTA and the weights in shared memory (six
-# rows of H 8192, eight of H 6144 on a 132-SM GPU: 792 / 1056 rows make a wave); H 8000 has the
-# row's last thread partly outside it. 1500 rows end with a partial row group.
+# LayerNorm's rows of 8 chunks (16-bit x) with 16-bit weights of x's dtype and a full wave of rows
+# take the kernels holding several rows a CTA and the weights in shared memory (six rows of H 8192,
+# eight of H 6144 on a 132-SM GPU: 792 / 1056 rows make a wave; four / five with 1x128 blocks);
+# H 8000 has the row's last thread partly outside it. 1500 rows end with a partial row group.
 SHARED_W_SHAPES = [(1500, 8192), (1500, 8000), (1500, 6144)]
 
 
@@ -416,12 +416,24 @@ def test_fwd_fp8_16384x8192(case):
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("case", ["delayed", "delayed_ct", "current", "current_colonly", "delayed_reset"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "delayed",
+        "delayed_ct",
+        "current",
+        "current_colonly",
+        "delayed_reset",
+        "block1d_row",
+        "block1d_fp32_scales",
+    ],
+)
 @pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
 def test_fwd_fp8_shared_weights(shape, x_dt, case):
-    """The per-tensor FP8 forms of test_fwd_shared_weights_vs_cpu's LayerNorm: every part the
-    same bits as te_quantize of the fp32 y (whose path is checked against the CPU there)."""
+    """The FP8 forms of test_fwd_shared_weights_vs_cpu's LayerNorm (per-tensor; 1x128 blocks, four
+    rows a CTA): every part the same bits as te_quantize of the fp32 y (whose path is checked
+    against the CPU there)."""
     fmt = "e5m2" if case == "current_colonly" else "e4m3"
     x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
     check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)

@@ -538,10 +538,15 @@ __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdPar
 }
 template <typename T, int kOut, int kChunks, bool kRms, bool kW16>
 constexpr bool kWideRows = sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D && (!kRms || kW16);
-// LayerNorm's wide rows with 16-bit weights, several rows a CTA (launch_rows_shared_w).
+// LayerNorm's rows with 16-bit weights, several rows a CTA (launch_rows_shared_w): the wide rows,
+// and the 1x128 ones under the one-row kernel's register bound.
 template <typename T, int kOut, int kFmt, int kChunks>
 __global__ void __maxnreg__(kWideRowRegs) norm_fwd_shared_w_kernel(const FwdParams p) {
   fwd_rows<T, kOut, kFmt, kChunks, false, true, true>(p);
+}
+template <typename T, int kFmt, int kChunks>
+__global__ void __launch_bounds__(kRowThreads<T, kChunks>, 1) norm_fwd_shared_w_block_kernel(const FwdParams p) {
+  fwd_rows<T, kOutBlock1D, kFmt, kChunks, false, true, true>(p);
 }
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
@@ -668,10 +673,11 @@ constexpr int kFwdStages = (kRms && kOut == kOutHigh && sizeof(T) == 2 && kChunk
 template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
 
-// Rows a CTA of kShared (norm_fwd_shared_w_kernel) on the current device at X threads a row, or 0
-// where it does not hold at least as many rows as kWide (the wide-rows kernel, one row a CTA) has
-// CTAs an SM: then the rows in flight would drop. Cached per device and X.
-template <auto kShared, auto kWide, int kStages>
+// Rows a CTA of kShared (a shared-weights kernel of at most kMaxCta threads) on the current device
+// at X threads a row: the most that fit its registers, threads, named barriers (1..15; 0 is the
+// CTA's) and shared memory (the stages and the weights), or 0 where that is fewer than kOne (the
+// same rows one a CTA) has CTAs an SM: then the rows in flight would drop. Cached per device and X.
+template <auto kShared, auto kOne, int kStages, int kMaxCta>
 int shared_w_rows(int X, size_t row_bytes) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices][kMaxThreads / 32 + 1] = {};
@@ -684,30 +690,28 @@ int shared_w_rows(int X, size_t row_bytes) {
   }
   const size_t w_bytes = 2 * row_bytes;  // gamma's and beta's pieces
   const size_t avail = norm::max_dynamic_smem<kShared>();
-  int rows = avail > w_bytes ? static_cast<int>((avail - w_bytes) / (kStages * row_bytes)) : 0;
-  // Registers (80 a thread, 64 K an SM), threads a CTA, named barriers (1..15; 0 is the CTA's).
-  rows = std::min({rows, kSharedWMaxThreads / X, 65536 / (X * kWideRowRegs), 15});
-  const size_t wide_smem = kStages * row_bytes;
-  norm::allow_dynamic_smem<kWide>(wide_smem);
-  int wide = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&wide, kWide, X, wide_smem),
+  int fit = avail > w_bytes ? static_cast<int>((avail - w_bytes) / (kStages * row_bytes)) : 0;
+  fit = std::min({fit, kMaxCta / X, 15});
+  const size_t one_smem = kStages * row_bytes;
+  norm::allow_dynamic_smem<kOne>(one_smem);
+  int one = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&one, kOne, X, one_smem),
              "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  if (rows < 2 || rows < wide) {
-    rows = 0;
-  } else {
-    const size_t smem = kStages * row_bytes * rows + w_bytes;
+  int rows = 0;
+  for (int r = fit; r >= std::max(2, one) && rows == 0; --r) {
+    const size_t smem = kStages * row_bytes * r + w_bytes;
     norm::allow_dynamic_smem<kShared>(smem);
     int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kShared, X * rows, smem),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kShared, X * r, smem),
                "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (per_sm < 1) rows = 0;
+    if (per_sm >= 1) rows = r;
   }
   if (cached) cache[device][X / 32].store(rows + 1, std::memory_order_relaxed);
   return rows;
 }
 
-// LayerNorm's wide rows with 16-bit weights: one CTA an SM holding as many rows as the wide-rows
-// kernel has CTAs there, gamma and beta copied once per CTA into shared memory (fwd_rows'
+// LayerNorm's rows of 8 chunks with 16-bit weights: one CTA an SM holding as many rows as the
+// one-row kernel has CTAs there, gamma and beta copied once per CTA into shared memory (fwd_rows'
 // kSharedW). With one row a CTA the weights (32 KB a row at H 8192) were re-read by every row,
 // mostly from L2 (ncu on the H200: ~9.4 M sectors a call beside x's 8.4 M), since 192 KB of
 // stages leave the L1 28 KB, and each chunk's y waited on them. Measured on the H200 (16384 x 8192
@@ -716,15 +720,17 @@ int shared_w_rows(int X, size_t row_bytes) {
 // BF16 0.152-0.154 -> 0.149-0.150. On an H100, whose LayerNorm rows were already at 0.85-0.90 of
 // its lower copy bandwidth, the same change moved them by -1 to +2%. RMSNorm (16 KB of weights,
 // which mostly hit L1) gained nothing in BF16 and lost 6% in per-tensor FP8 this way on the H200,
-// so it keeps the wide-rows kernel. Only for a
-// full wave of rows (fewer would sit on fewer SMs than one row a CTA spreads them over). False:
-// the caller launches the wide-rows kernel.
-template <auto kShared, auto kWide, typename T, int kChunks, int kStages>
+// so it keeps one row a CTA. The 1x128 rows (four a CTA at H 8192: they hold all their y values
+// in 128 registers) take it too, not yet measured: LayerNorm's ran 0.69 of copy against RMSNorm's
+// 0.88-0.91, the gap the weights made in the per-tensor rows. Only for a full wave of rows (fewer
+// would sit on fewer SMs than one row a CTA spreads them over). False: the caller launches the
+// one-row kernel.
+template <auto kShared, auto kOne, typename T, int kChunks, int kStages, int kMaxCta>
 bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   if (layout.rows != 1) return false;
   const int X = layout.threads;
   const size_t row_bytes = static_cast<size_t>(X) * kChunks * sizeof(Raw8<T>);
-  const int rows = shared_w_rows<kShared, kWide, kStages>(X, row_bytes);
+  const int rows = shared_w_rows<kShared, kOne, kStages, kMaxCta>(X, row_bytes);
   if (rows == 0 || p.rows < static_cast<int64_t>(rows) * sm_count()) return false;
   p.stages = kStages;
   const size_t smem = kStages * row_bytes * rows + 2 * row_bytes;
@@ -737,19 +743,25 @@ bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, cudaStream
 
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+  constexpr int kStages = kFwdStages<T, kOut, kChunks, kRms>;
   if constexpr (kWideRows<T, kOut, kChunks, kRms, kW16>) {
     constexpr auto kWide = norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
-    constexpr int kStages = kFwdStages<T, kOut, kChunks, kRms>;
     if constexpr (!kRms && kW16) {
-      if (launch_rows_shared_w<norm_fwd_shared_w_kernel<T, kOut, kFmt, kChunks>, kWide, T, kChunks, kStages>(
-              p, layout, stream)) {
+      if (launch_rows_shared_w<norm_fwd_shared_w_kernel<T, kOut, kFmt, kChunks>, kWide, T, kChunks, kStages,
+                               kSharedWMaxThreads>(p, layout, stream)) {
         return;
       }
     }
     launch_rows_with<kWide, T, kChunks, kStages>(p, layout, stream);
   } else {
-    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
-                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
+    constexpr auto kOne = norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
+    if constexpr (kOut == kOutBlock1D && !kRms && kW16 && kChunks == 8) {
+      if (launch_rows_shared_w<norm_fwd_shared_w_block_kernel<T, kFmt, kChunks>, kOne, T, kChunks, kStages,
+                               kRowThreads<T, kChunks>>(p, layout, stream)) {
+        return;
+      }
+    }
+    launch_rows_with<kOne, T, kChunks, kStages>(p, layout, stream);
   }
 }
 
