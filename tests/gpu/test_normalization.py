@@ -284,24 +284,43 @@ def test_fwd_16384x8192_vs_cpu():
 
 
 # LayerNorm's rows of 8 chunks (16-bit x) with 16-bit weights of x's dtype and a full wave of rows
-# take the kernels holding several rows a CTA and the weights in shared memory (six rows of H 8192,
-# eight of H 6144 on a 132-SM GPU: 792 / 1056 rows make a wave; four / five with 1x128 blocks);
-# H 8000 has the row's last thread partly outside it. 1500 rows end with a partial row group.
-SHARED_W_SHAPES = [(1500, 8192), (1500, 8000), (1500, 6144)]
+# take the kernels holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
+# six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
+# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM), four /
+# five with 1x128 blocks (528 / 660). H 8000 has the row's last thread partly outside it; 1499 rows
+# end each kernel's last CTA with rows past the tensor.
+SHARED_W_ROWS = 1499
+SHARED_W_SHAPES = [(SHARED_W_ROWS, h) for h in (8192, 8000, 6144)]
 
 
+@pytest.mark.parametrize("variant", ["plain", "no_beta", "out_16bit", "unaligned"])
 @pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
-def test_fwd_shared_weights_vs_cpu(shape, x_dt):
-    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w", shape))
-    (cy, cmu, crs), (gy, gmu, grs) = (
-        run_fwd(d, x, gamma, beta, lambda dd: hp_output(shape, "float32", dd), False) for d in ["cpu", "cuda"]
-    )
+def test_fwd_shared_weights_vs_cpu_and_one_row(shape, x_dt, variant):
+    """Against the CPU backend, and bit for bit against the same rows run below a wave (one row a
+    CTA: the sums run in the same order, so any difference is the shared-weights path's)."""
+    b_dt = None if variant == "no_beta" else x_dt
+    y_dt = x_dt if variant == "out_16bit" else "float32"
+    odd = variant == "unaligned"
+    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, b_dt, ("shared-w", shape, variant))
+
+    def run(device, xs):
+        def out(dd):
+            return hp_output(tuple(xs.shape), y_dt, dd, unaligned=odd)
+
+        return run_fwd(device, xs, gamma, beta, out, False, unaligned=odd)
+
+    (cy, cmu, crs), (gy, gmu, grs) = run("cpu", x), run("cuda", x)
     rtol, atol = fp32_tolerance(cy["y"], shape[-1])
     assert_close(gy["y"], cy["y"], "y", rtol, atol)
     assert_close(grs, crs, "rsigma", 4 * sum_rtol(shape[-1]), 0.0)
     xmax = float(x.double().abs().max())
     assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
+    for rows in (slice(0, 100), slice(SHARED_W_ROWS - 99, SHARED_W_ROWS)):
+        oy, omu, ors = run("cuda", x[rows].contiguous())
+        same_bits(gy["y"][rows], oy["y"], f"y of rows {rows} vs one row a CTA")
+        same_bits(gmu[rows], omu, f"mu of rows {rows} vs one row a CTA")
+        same_bits(grs[rows], ors, f"rsigma of rows {rows} vs one row a CTA")
 
 
 # ---- FP8 outputs: bit-identical to te_quantize of the fp32 y --------------------------------
@@ -431,9 +450,9 @@ def test_fwd_fp8_16384x8192(case):
 @pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
 def test_fwd_fp8_shared_weights(shape, x_dt, case):
-    """The FP8 forms of test_fwd_shared_weights_vs_cpu's LayerNorm (per-tensor; 1x128 blocks, four
-    rows a CTA): every part the same bits as te_quantize of the fp32 y (whose path is checked
-    against the CPU there)."""
+    """The FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm (per-tensor; 1x128
+    blocks): every part the same bits as te_quantize of the fp32 y (whose path is checked against
+    the CPU and the one-row kernel there)."""
     fmt = "e5m2" if case == "current_colonly" else "e4m3"
     x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
     check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)

@@ -306,17 +306,6 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   const float s = per_tensor_scale<kOut, kFmt>(p);
   // kSharedW: gamma's 16-byte pieces, then beta's, after the stages.
   uint4* const wsm = staged + stages * stage_size;
-  if constexpr (kSharedW) {
-    static_assert(kW16, "fwd_rows: shared-memory weights are 16-bit pieces");
-    const int pieces = kChunks * X;
-    const uint4* g4 = reinterpret_cast<const uint4*>(p.gamma);
-    const uint4* b4 = reinterpret_cast<const uint4*>(p.beta);
-    for (int i = ty * X + t; i < pieces; i += X * Y) {
-      wsm[i] = __ldg(g4 + i);
-      if (!kRms) wsm[pieces + i] = __ldg(b4 + i);
-    }
-    __syncthreads();
-  }
 
   // Copies this thread's chunks of row `row` into stage st (nothing past the last row group).
   auto stage_row = [&](int64_t row, int st) {
@@ -351,6 +340,18 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   for (int st = 0; st + 1 < stages; ++st) {
     stage_row(row + st * step, st);
     norm::cp_async_commit();
+  }
+  // The weights copied while the first rows' copies are in flight (they do not overlap the stages).
+  if constexpr (kSharedW) {
+    static_assert(kW16, "fwd_rows: shared-memory weights are 16-bit pieces");
+    const int pieces = kChunks * X;
+    const uint4* g4 = reinterpret_cast<const uint4*>(p.gamma);
+    const uint4* b4 = reinterpret_cast<const uint4*>(p.beta);
+    for (int i = ty * X + t; i < pieces; i += X * Y) {
+      wsm[i] = __ldg(g4 + i);
+      if (!kRms) wsm[pieces + i] = __ldg(b4 + i);
+    }
+    __syncthreads();
   }
   float next_mu = 0.0f, next_rs = 0.0f;
   fetch_stats(row, next_mu, next_rs);
@@ -692,6 +693,10 @@ int shared_w_rows(int X, size_t row_bytes) {
   const size_t avail = norm::max_dynamic_smem<kShared>();
   int fit = avail > w_bytes ? static_cast<int>((avail - w_bytes) / (kStages * row_bytes)) : 0;
   fit = std::min({fit, kMaxCta / X, 15});
+  if (fit < 2) {  // also keeps the one-row query below within the device's shared memory
+    if (cached) cache[device][X / 32].store(1, std::memory_order_relaxed);
+    return 0;
+  }
   const size_t one_smem = kStages * row_bytes;
   norm::allow_dynamic_smem<kOne>(one_smem);
   int one = 0;
@@ -726,7 +731,7 @@ int shared_w_rows(int X, size_t row_bytes) {
 // would sit on fewer SMs than one row a CTA spreads them over). False: the caller launches the
 // one-row kernel.
 template <auto kShared, auto kOne, typename T, int kChunks, int kStages, int kMaxCta>
-bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, const char* name, cudaStream_t stream) {
   if (layout.rows != 1) return false;
   const int X = layout.threads;
   const size_t row_bytes = static_cast<size_t>(X) * kChunks * sizeof(Raw8<T>);
@@ -737,7 +742,7 @@ bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, cudaStream
   norm::allow_dynamic_smem<kShared>(smem);
   const int64_t ctas = std::min<int64_t>(sm_count(), ceil_div(p.rows, rows));
   kShared<<<static_cast<unsigned>(ctas), dim3(X, rows), smem, stream>>>(p);
-  check_launch("norm_fwd_shared_w_kernel");
+  check_launch(name);
   return true;
 }
 
@@ -748,7 +753,7 @@ void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stre
     constexpr auto kWide = norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
     if constexpr (!kRms && kW16) {
       if (launch_rows_shared_w<norm_fwd_shared_w_kernel<T, kOut, kFmt, kChunks>, kWide, T, kChunks, kStages,
-                               kSharedWMaxThreads>(p, layout, stream)) {
+                               kSharedWMaxThreads>(p, layout, "norm_fwd_shared_w_kernel", stream)) {
         return;
       }
     }
@@ -757,7 +762,7 @@ void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stre
     constexpr auto kOne = norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
     if constexpr (kOut == kOutBlock1D && !kRms && kW16 && kChunks == 8) {
       if (launch_rows_shared_w<norm_fwd_shared_w_block_kernel<T, kFmt, kChunks>, kOne, T, kChunks, kStages,
-                               kRowThreads<T, kChunks>>(p, layout, stream)) {
+                               kRowThreads<T, kChunks>>(p, layout, "norm_fwd_shared_w_block_kernel", stream)) {
         return;
       }
     }
