@@ -288,7 +288,7 @@ def test_fwd_16384x8192_vs_cpu():
 # six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
 # (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM), four /
 # five with 1x128 blocks (528 / 660). H 8000 has the row's last thread partly outside it; 1499 rows
-# end each kernel's last CTA with rows past the tensor.
+# leave every kernel's last turn with rows past the tensor in many CTAs.
 SHARED_W_ROWS = 1499
 SHARED_W_SHAPES = [(SHARED_W_ROWS, h) for h in (8192, 8000, 6144)]
 

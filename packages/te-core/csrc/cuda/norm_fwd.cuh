@@ -306,10 +306,18 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   const float s = per_tensor_scale<kOut, kFmt>(p);
   // kSharedW: gamma's 16-byte pieces, then beta's, after the stages.
   uint4* const wsm = staged + stages * stage_size;
+  // This thread's rows: row group blockIdx.x, then every gridDim.x-th (`step` rows further). With
+  // kSharedW (one CTA an SM) the CTAs' rows interleave instead, row ty * gridDim.x + blockIdx.x
+  // first: the rows past the last whole wave then spread over every SM, where row groups gave a
+  // few CTAs a whole group more (16384 rows, six a CTA: 91 of 132 SMs 126 rows, the rest 120).
+  // row - lead is the CTA's turn, the same for all its threads (the barriers inside).
+  const int64_t lead = kSharedW ? static_cast<int64_t>(ty) * gridDim.x : ty;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
+  int64_t row = kSharedW ? lead + blockIdx.x : static_cast<int64_t>(blockIdx.x) * Y + ty;
 
-  // Copies this thread's chunks of row `row` into stage st (nothing past the last row group).
+  // Copies this thread's chunks of row `row` into stage st (nothing past the CTA's last turn).
   auto stage_row = [&](int64_t row, int st) {
-    if (row - ty >= p.rows) return;
+    if (row - lead >= p.rows) return;
     const bool live = row < p.rows;
     const T* xr = static_cast<const T*>(p.x) + (live ? row : 0) * cols + t * 8;
     const uint32_t dst = mine_s + st * stage_size * 16;
@@ -334,9 +342,6 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
     rs = p.rsigma[row];
   };
 
-  // This thread's row: row group blockIdx.x, then every gridDim.x-th (`step` rows further).
-  const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
-  int64_t row = static_cast<int64_t>(blockIdx.x) * Y + ty;
   for (int st = 0; st + 1 < stages; ++st) {
     stage_row(row + st * step, st);
     norm::cp_async_commit();
@@ -357,9 +362,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   fetch_stats(row, next_mu, next_rs);
   AmaxAcc amax;
   int parity = 0;
-  // The loop condition is the row group's (row - ty), so every thread of the CTA takes the same
-  // number of turns (the barriers inside).
-  for (int st = 0; row - ty < p.rows; row += step, st = st + 1 == stages ? 0 : st + 1) {
+  for (int st = 0; row - lead < p.rows; row += step, st = st + 1 == stages ? 0 : st + 1) {
     // The row stages - 1 turns ahead goes to the stage read last time round. Only this thread
     // reads its chunks, and its reads precede in program order the copy it starts now (an
     // asynchronous copy is performed after the call that starts it), so no barrier is needed.
