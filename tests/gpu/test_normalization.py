@@ -287,10 +287,11 @@ def test_fwd_16384x8192_vs_cpu():
 # take the kernels holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
 # six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
 # (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM), four /
-# five with 1x128 blocks (528 / 660). H 8000 has the row's last thread partly outside it; 1499 rows
-# leave every kernel's last turn with rows past the tensor in many CTAs.
-SHARED_W_ROWS = 1499
-SHARED_W_SHAPES = [(SHARED_W_ROWS, h) for h in (8192, 8000, 6144)]
+# five with 1x128 blocks (528 / 660). H 8000 has the row's last thread partly outside it. The rows
+# interleave across CTAs; the row counts leave 40 rows past the last whole wave of every kernel
+# (1624 = 2 x 792 + 40 = 3 x 528 + 40; 5320 = 5 x 1056 + 40 = 8 x 660 + 40), so 40 CTAs take one
+# turn more than the others, with one live row in it.
+SHARED_W_SHAPES = [(1624, 8192), (1624, 8000), (5320, 6144)]
 
 
 @pytest.mark.parametrize("variant", ["plain", "no_beta", "out_16bit", "unaligned"])
@@ -316,7 +317,7 @@ def test_fwd_shared_weights_vs_cpu_and_one_row(shape, x_dt, variant):
     assert_close(grs, crs, "rsigma", 4 * sum_rtol(shape[-1]), 0.0)
     xmax = float(x.double().abs().max())
     assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
-    for rows in (slice(0, 100), slice(SHARED_W_ROWS - 99, SHARED_W_ROWS)):
+    for rows in (slice(0, 100), slice(shape[0] - 99, shape[0])):
         oy, omu, ors = run("cuda", x[rows].contiguous())
         same_bits(gy["y"][rows], oy["y"], f"y of rows {rows} vs one row a CTA")
         same_bits(gmu[rows], omu, f"mu of rows {rows} vs one row a CTA")

@@ -7,9 +7,10 @@
 //
 // Two kernels, chosen by norm_row.cuh's layout (from H and the input dtype alone):
 //   rows     rows of up to 8 chunks of 8 elements per thread, read once. Persistent: one wave of
-//            CTAs, each taking every gridDim.x-th row group, with the next row copied into shared
-//            memory (cp.async) while the current one is reduced and written, so every CTA keeps a
-//            row of loads in flight through its barriers.
+//            CTAs, each taking every gridDim.x-th row group (LayerNorm's shared-weights form: one
+//            CTA an SM, its rows interleaved with the other CTAs'), with the next row copied into
+//            shared memory (cp.async) while the current one is reduced and written, so every CTA
+//            keeps a row of loads in flight through its barriers.
 //   re-read  longer rows: one row group per CTA, read from L2 again for each pass.
 // Both write y directly where the scale is known inside the row: high precision; per-tensor FP8
 // (the scale given or derived on the device from a given amax; amax of y max-accumulated, one
@@ -309,7 +310,9 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
   // This thread's rows: row group blockIdx.x, then every gridDim.x-th (`step` rows further). With
   // kSharedW (one CTA an SM) the CTAs' rows interleave instead, row ty * gridDim.x + blockIdx.x
   // first: the rows past the last whole wave then spread over every SM, where row groups gave a
-  // few CTAs a whole group more (16384 rows, six a CTA: 91 of 132 SMs 126 rows, the rest 120).
+  // few CTAs a whole group more (16384 rows, six a CTA: 90 of 132 SMs 126 rows, one 124, the
+  // rest 120). Every CTA still takes as many turns; its last one has fewer live rows, which pays
+  // where an SM's rows share its bandwidth.
   // row - lead is the CTA's turn, the same for all its threads (the barriers inside).
   const int64_t lead = kSharedW ? static_cast<int64_t>(ty) * gridDim.x : ty;
   const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
