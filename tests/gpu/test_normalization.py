@@ -284,13 +284,12 @@ def test_fwd_16384x8192_vs_cpu():
 
 
 # LayerNorm's rows of 8 chunks (16-bit x) with 16-bit weights of x's dtype and a full wave of rows
-# take the kernels holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
+# take the kernel holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
 # six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
-# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM), four /
-# five with 1x128 blocks (528 / 660). H 8000 has the row's last thread partly outside it. The rows
-# interleave across CTAs; the row counts leave 40 rows past the last whole wave of every kernel
-# (1624 = 2 x 792 + 40 = 3 x 528 + 40; 5320 = 5 x 1056 + 40 = 8 x 660 + 40), so 40 CTAs take one
-# turn more than the others, with one live row in it.
+# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM). H 8000
+# has the row's last thread partly outside it. The rows interleave across CTAs; the row counts
+# leave 40 rows past the last whole wave (1624 = 2 x 792 + 40; 5320 = 5 x 1056 + 40), so 40 CTAs
+# take one turn more than the others, with one live row in it.
 SHARED_W_SHAPES = [(1624, 8192), (1624, 8000), (5320, 6144)]
 
 
@@ -444,16 +443,14 @@ def test_fwd_fp8_16384x8192(case):
         "current",
         "current_colonly",
         "delayed_reset",
-        "block1d_row",
-        "block1d_fp32_scales",
     ],
 )
 @pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
 def test_fwd_fp8_shared_weights(shape, x_dt, case):
-    """The FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm (per-tensor; 1x128
-    blocks): every part the same bits as te_quantize of the fp32 y (whose path is checked against
-    the CPU and the one-row kernel there)."""
+    """The per-tensor FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm: every
+    part the same bits as te_quantize of the fp32 y (whose path is checked against the CPU and the
+    one-row kernel there)."""
     fmt = "e5m2" if case == "current_colonly" else "e4m3"
     x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
     check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)
