@@ -283,6 +283,46 @@ def test_fwd_16384x8192_vs_cpu():
     torch.cuda.empty_cache()
 
 
+# LayerNorm's rows of 8 chunks (16-bit x) with 16-bit weights of x's dtype and a full wave of rows
+# take the kernel holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
+# six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
+# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM). H 8000
+# has the row's last thread partly outside it. The rows interleave across CTAs; the row counts
+# leave 40 rows past the last whole wave (1624 = 2 x 792 + 40; 5320 = 5 x 1056 + 40), so 40 CTAs
+# take one turn more than the others, with one live row in it.
+SHARED_W_SHAPES = [(1624, 8192), (1624, 8000), (5320, 6144)]
+
+
+@pytest.mark.parametrize("variant", ["plain", "no_beta", "out_16bit", "unaligned"])
+@pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
+def test_fwd_shared_weights_vs_cpu_and_one_row(shape, x_dt, variant):
+    """Against the CPU backend, and bit for bit against the same rows run below a wave (one row a
+    CTA: the sums run in the same order, so any difference is the shared-weights path's)."""
+    b_dt = None if variant == "no_beta" else x_dt
+    y_dt = x_dt if variant == "out_16bit" else "float32"
+    odd = variant == "unaligned"
+    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, b_dt, ("shared-w", shape, variant))
+
+    def run(device, xs):
+        def out(dd):
+            return hp_output(tuple(xs.shape), y_dt, dd, unaligned=odd)
+
+        return run_fwd(device, xs, gamma, beta, out, False, unaligned=odd)
+
+    (cy, cmu, crs), (gy, gmu, grs) = run("cpu", x), run("cuda", x)
+    rtol, atol = fp32_tolerance(cy["y"], shape[-1])
+    assert_close(gy["y"], cy["y"], "y", rtol, atol)
+    assert_close(grs, crs, "rsigma", 4 * sum_rtol(shape[-1]), 0.0)
+    xmax = float(x.double().abs().max())
+    assert_close(gmu, cmu, "mu", 0.0, 4 * sum_rtol(shape[-1]) * xmax)
+    for rows in (slice(0, 100), slice(shape[0] - 99, shape[0])):
+        oy, omu, ors = run("cuda", x[rows].contiguous())
+        same_bits(gy["y"][rows], oy["y"], f"y of rows {rows} vs one row a CTA")
+        same_bits(gmu[rows], omu, f"mu of rows {rows} vs one row a CTA")
+        same_bits(grs[rows], ors, f"rsigma of rows {rows} vs one row a CTA")
+
+
 # ---- FP8 outputs: bit-identical to te_quantize of the fp32 y --------------------------------
 
 PT, B1, B2 = M.PER_TENSOR, M.BLOCK_1D, M.BLOCK_2D
@@ -393,6 +433,27 @@ def test_fwd_fp8_16384x8192(case):
     for rms in [False, True]:
         check_fp8(shape, case, "e4m3", x, gamma, None if rms else beta, rms, zcg=False)
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "delayed",
+        "delayed_ct",
+        "current",
+        "current_colonly",
+        "delayed_reset",
+    ],
+)
+@pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
+def test_fwd_fp8_shared_weights(shape, x_dt, case):
+    """The per-tensor FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm: every
+    part the same bits as te_quantize of the fp32 y (whose path is checked against the CPU and the
+    one-row kernel there)."""
+    fmt = "e5m2" if case == "current_colonly" else "e4m3"
+    x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
+    check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)
 
 
 # ---- backward -------------------------------------------------------------------------------

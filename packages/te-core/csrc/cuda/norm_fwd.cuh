@@ -7,9 +7,10 @@
 //
 // Two kernels, chosen by norm_row.cuh's layout (from H and the input dtype alone):
 //   rows     rows of up to 8 chunks of 8 elements per thread, read once. Persistent: one wave of
-//            CTAs, each taking every gridDim.x-th row group, with the next row copied into shared
-//            memory (cp.async) while the current one is reduced and written, so every CTA keeps a
-//            row of loads in flight through its barriers.
+//            CTAs, each taking every gridDim.x-th row group (LayerNorm's shared-weights form: one
+//            CTA an SM, its rows interleaved with the other CTAs'), with the next row copied into
+//            shared memory (cp.async) while the current one is reduced and written, so every CTA
+//            keeps a row of loads in flight through its barriers.
 //   re-read  longer rows: one row group per CTA, read from L2 again for each pass.
 // Both write y directly where the scale is known inside the row: high precision; per-tensor FP8
 // (the scale given or derived on the device from a given amax; amax of y max-accumulated, one
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "common/kernels.h"
@@ -276,12 +278,18 @@ template <typename T, int kOut, int kChunks>
 constexpr int kRowMinBlocks =
     kChunks <= 4 ? (kOut == kOutBlock1D && kChunks == 4 ? 3 : 4) : (sizeof(T) == 2 ? 1 : 2);
 
-// The rows kernel's body; the kernels below differ only in how their registers are bounded.
-template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
+// The rows kernel's body; the kernels below differ only in how their registers are bounded and
+// (kSharedW) where the weights are read from. kSharedW: one CTA an SM holding several rows, each
+// row's reductions on its own named barrier (1 + threadIdx.y) so the rows run apart as separate
+// CTAs would, and the 16-bit gamma and beta copied once into shared memory after the stages,
+// where every row reads them instead of from L1 / L2 (launch_rows_shared_w says where it runs).
+constexpr int kSharedWMaxThreads = 1024;
+template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16, bool kSharedW = false>
 __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
+  constexpr int kCtaThreads = kSharedW ? kSharedWMaxThreads : kMaxThreads;
   extern __shared__ uint4 staged[];  // [stages][Y][kChunks][kQuads][X] 16-byte pieces
-  __shared__ __align__(16) float red[2 * kMaxThreads / 32];
-  __shared__ uint32_t red_max[kMaxThreads / 32];
+  __shared__ __align__(16) float red[2 * kCtaThreads / 32];
+  __shared__ uint32_t red_max[kCtaThreads / 32];
   constexpr int kQ = norm::kQuads<T>;
   const int X = blockDim.x, Y = blockDim.y, t = threadIdx.x, ty = threadIdx.y;
   const int64_t cols = p.cols;
@@ -297,10 +305,22 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
     return !live ? 0 : (full ? 8 : norm::chunk_valid(cols, static_cast<int64_t>(j * X + t) * 8));
   };
   const float s = per_tensor_scale<kOut, kFmt>(p);
+  // kSharedW: gamma's 16-byte pieces, then beta's, after the stages.
+  uint4* const wsm = staged + stages * stage_size;
+  // This thread's rows: row group blockIdx.x, then every gridDim.x-th (`step` rows further). With
+  // kSharedW (one CTA an SM) the CTAs' rows interleave instead, row ty * gridDim.x + blockIdx.x
+  // first: the rows past the last whole wave then spread over every SM, where row groups gave a
+  // few CTAs a whole group more (16384 rows, six a CTA: 90 of 132 SMs 126 rows, one 124, the
+  // rest 120). Every CTA still takes as many turns; its last one has fewer live rows, which pays
+  // where an SM's rows share its bandwidth.
+  // row - lead is the CTA's turn, the same for all its threads (the barriers inside).
+  const int64_t lead = kSharedW ? static_cast<int64_t>(ty) * gridDim.x : ty;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
+  int64_t row = kSharedW ? lead + blockIdx.x : static_cast<int64_t>(blockIdx.x) * Y + ty;
 
-  // Copies this thread's chunks of row `row` into stage st (nothing past the last row group).
+  // Copies this thread's chunks of row `row` into stage st (nothing past the CTA's last turn).
   auto stage_row = [&](int64_t row, int st) {
-    if (row - ty >= p.rows) return;
+    if (row - lead >= p.rows) return;
     const bool live = row < p.rows;
     const T* xr = static_cast<const T*>(p.x) + (live ? row : 0) * cols + t * 8;
     const uint32_t dst = mine_s + st * stage_size * 16;
@@ -325,20 +345,27 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
     rs = p.rsigma[row];
   };
 
-  // This thread's row: row group blockIdx.x, then every gridDim.x-th (`step` rows further).
-  const int64_t step = static_cast<int64_t>(gridDim.x) * Y;
-  int64_t row = static_cast<int64_t>(blockIdx.x) * Y + ty;
   for (int st = 0; st + 1 < stages; ++st) {
     stage_row(row + st * step, st);
     norm::cp_async_commit();
+  }
+  // The weights copied while the first rows' copies are in flight (they do not overlap the stages).
+  if constexpr (kSharedW) {
+    static_assert(kW16, "fwd_rows: shared-memory weights are 16-bit pieces");
+    const int pieces = kChunks * X;
+    const uint4* g4 = reinterpret_cast<const uint4*>(p.gamma);
+    const uint4* b4 = reinterpret_cast<const uint4*>(p.beta);
+    for (int i = ty * X + t; i < pieces; i += X * Y) {
+      wsm[i] = __ldg(g4 + i);
+      if (!kRms) wsm[pieces + i] = __ldg(b4 + i);
+    }
+    __syncthreads();
   }
   float next_mu = 0.0f, next_rs = 0.0f;
   fetch_stats(row, next_mu, next_rs);
   AmaxAcc amax;
   int parity = 0;
-  // The loop condition is the row group's (row - ty), so every thread of the CTA takes the same
-  // number of turns (the barriers inside).
-  for (int st = 0; row - ty < p.rows; row += step, st = st + 1 == stages ? 0 : st + 1) {
+  for (int st = 0; row - lead < p.rows; row += step, st = st + 1 == stages ? 0 : st + 1) {
     // The row stages - 1 turns ahead goes to the stage read last time round. Only this thread
     // reads its chunks, and its reads precede in program order the copy it starts now (an
     // asynchronous copy is performed after the call that starts it), so no barrier is needed.
@@ -364,7 +391,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
         for (int j = 0; j < kChunks; ++j)
 #pragma unroll
           for (int k = 0; k < 8; ++k) sum[0] = __fadd_rn(sum[0], v[j].get(k));
-        norm::row_sum_pp(sum, red, parity);
+        norm::row_sum_pp<1, kSharedW>(sum, red, parity);
         mu = __fdiv_rn(sum[0], n);
       }
       // One test for the row, not one per chunk: with the test inside the chunk loop the compiler
@@ -389,7 +416,7 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
           sq[0] = add_squares(sq[0], d, valid_of(j, true));
         }
       }
-      norm::row_sum_pp(sq, red, parity);
+      norm::row_sum_pp<1, kSharedW>(sq, red, parity);
       rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sq[0], n), p.eps)));
       if (live && t == 0) {
         if (p.mu != nullptr) p.mu[row] = mu;
@@ -410,7 +437,19 @@ __device__ __forceinline__ void fwd_rows(const FwdParams& p) {
       norm::read_chunk(v, slot + j * kQ * X, X);
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = centered<kRms>(v.get(k), mu);
-      if constexpr (kRms && !kW16) {
+      if constexpr (kSharedW) {
+        float g[8], b[8];
+        Raw8<T> gw, bw;
+        norm::read_chunk(gw, wsm + j * X + t, X);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) g[k] = gw.get(k);
+        if constexpr (!kRms) {
+          norm::read_chunk(bw, wsm + (kChunks + j) * X + t, X);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) b[k] = bw.get(k);
+        }
+        apply_weights<!kRms>(rs, g, b, y);
+      } else if constexpr (kRms && !kW16) {
         chunk_y<false>(p, t * 8 + j * X * 8, valid, rs, y);
       } else {
         chunk_y_pieces<T, kW16, !kRms>(p, j, X, t, rs, y);
@@ -506,6 +545,11 @@ __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdPar
 }
 template <typename T, int kOut, int kChunks, bool kRms, bool kW16>
 constexpr bool kWideRows = sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D && (!kRms || kW16);
+// LayerNorm's wide rows with 16-bit weights, several rows a CTA (launch_rows_shared_w).
+template <typename T, int kOut, int kFmt, int kChunks>
+__global__ void __maxnreg__(kWideRowRegs) norm_fwd_shared_w_kernel(const FwdParams p) {
+  fwd_rows<T, kOut, kFmt, kChunks, false, true, true>(p);
+}
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
 template <typename T, int kOut, int kFmt>
@@ -631,14 +675,92 @@ constexpr int kFwdStages = (kRms && kOut == kOutHigh && sizeof(T) == 2 && kChunk
 template <auto kKernel, typename T, int kChunks, int kStages>
 void launch_rows_with(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream);
 
+// Rows a CTA of kShared (a shared-weights kernel of at most kMaxCta threads) on the current device
+// at X threads a row: the most that fit its registers, threads, named barriers (1..15; 0 is the
+// CTA's) and shared memory (the stages and the weights), or 0 where that is fewer than kOne (the
+// same rows one a CTA) has CTAs an SM: then the rows in flight would drop. Cached per device and X.
+template <auto kShared, auto kOne, int kStages, int kMaxCta>
+int shared_w_rows(int X, size_t row_bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices][kMaxThreads / 32 + 1] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const int known = cache[device][X / 32].load(std::memory_order_relaxed);
+    if (known != 0) return known - 1;
+  }
+  const size_t w_bytes = 2 * row_bytes;  // gamma's and beta's pieces
+  const size_t avail = norm::max_dynamic_smem<kShared>();
+  int fit = avail > w_bytes ? static_cast<int>((avail - w_bytes) / (kStages * row_bytes)) : 0;
+  fit = std::min({fit, kMaxCta / X, 15});
+  if (fit < 2) {  // also keeps the one-row query below within the device's shared memory
+    if (cached) cache[device][X / 32].store(1, std::memory_order_relaxed);
+    return 0;
+  }
+  const size_t one_smem = kStages * row_bytes;
+  norm::allow_dynamic_smem<kOne>(one_smem);
+  int one = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&one, kOne, X, one_smem),
+             "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  int rows = 0;
+  for (int r = fit; r >= std::max(2, one) && rows == 0; --r) {
+    const size_t smem = kStages * row_bytes * r + w_bytes;
+    norm::allow_dynamic_smem<kShared>(smem);
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kShared, X * r, smem),
+               "norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (per_sm >= 1) rows = r;
+  }
+  if (cached) cache[device][X / 32].store(rows + 1, std::memory_order_relaxed);
+  return rows;
+}
+
+// LayerNorm's rows of 8 chunks with 16-bit weights: one CTA an SM holding as many rows as the
+// one-row kernel has CTAs there, gamma and beta copied once per CTA into shared memory (fwd_rows'
+// kSharedW). With one row a CTA the weights (32 KB a row at H 8192) were re-read by every row,
+// mostly from L2 (ncu on the H200: ~9.4 M sectors a call beside x's 8.4 M), since 192 KB of
+// stages leave the L1 28 KB, and each chunk's y waited on them. Measured on the H200 (16384 x 8192
+// bf16, three alternating passes; benchmarks/NOTES.md, thirty-eighth session): per-tensor FP8
+// 0.131-0.133 -> 0.104-0.105 ms (0.73 -> 0.92 of copy), the current-scaling pair 0.223 -> 0.195,
+// BF16 0.152-0.154 -> 0.149-0.150. On an H100, whose LayerNorm rows were already at 0.85-0.90 of
+// its lower copy bandwidth, the same change moved them by -1 to +2%. RMSNorm (16 KB of weights,
+// which mostly hit L1) gained nothing in BF16 and lost 6% in per-tensor FP8 this way on the H200,
+// so it keeps one row a CTA. So do LayerNorm's 1x128 rows: in this form (four rows a CTA at
+// H 8192, five at 6144) they ran 5-7% slower on an H100 (0.156 -> 0.167 ms at 16384 x 8192,
+// thirty-ninth session), and they have not yet run on an H200. Only for a full wave of rows (fewer
+// would sit on fewer SMs than one row a CTA spreads them over). False: the caller launches the
+// one-row kernel.
+template <auto kShared, auto kOne, typename T, int kChunks, int kStages, int kMaxCta>
+bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, const char* name, cudaStream_t stream) {
+  if (layout.rows != 1) return false;
+  const int X = layout.threads;
+  const size_t row_bytes = static_cast<size_t>(X) * kChunks * sizeof(Raw8<T>);
+  const int rows = shared_w_rows<kShared, kOne, kStages, kMaxCta>(X, row_bytes);
+  if (rows == 0 || p.rows < static_cast<int64_t>(rows) * sm_count()) return false;
+  p.stages = kStages;
+  const size_t smem = kStages * row_bytes * rows + 2 * row_bytes;
+  norm::allow_dynamic_smem<kShared>(smem);
+  const int64_t ctas = std::min<int64_t>(sm_count(), ceil_div(p.rows, rows));
+  kShared<<<static_cast<unsigned>(ctas), dim3(X, rows), smem, stream>>>(p);
+  check_launch(name);
+  return true;
+}
+
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
+  constexpr int kStages = kFwdStages<T, kOut, kChunks, kRms>;
   if constexpr (kWideRows<T, kOut, kChunks, kRms, kW16>) {
-    launch_rows_with<norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
-                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
+    constexpr auto kWide = norm_fwd_wide_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
+    if constexpr (!kRms && kW16) {
+      if (launch_rows_shared_w<norm_fwd_shared_w_kernel<T, kOut, kFmt, kChunks>, kWide, T, kChunks, kStages,
+                               kSharedWMaxThreads>(p, layout, "norm_fwd_shared_w_kernel", stream)) {
+        return;
+      }
+    }
+    launch_rows_with<kWide, T, kChunks, kStages>(p, layout, stream);
   } else {
-    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks,
-                     kFwdStages<T, kOut, kChunks, kRms>>(p, layout, stream);
+    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks, kStages>(p, layout, stream);
   }
 }
 

@@ -348,8 +348,10 @@ __device__ __forceinline__ void fold_warps(float (&v)[N], const float* s) {
 // aligned; `parity` starts at 0 and is the caller's, uniform over the CTA): call k writes half
 // k % 2 only after passing the barrier of call k - 1, which every thread reaches after it has read
 // what it needed of call k - 2, the last user of that half. The sum is row_sum's, in row_sum's
-// order.
-template <int N>
+// order. kRowBarrier: the CTA's rows (blockDim.y of them, whole warps each) must not wait for
+// each other, so the barrier is the row's own named one (1 + threadIdx.y, its blockDim.x
+// threads) and `parity` need only be uniform over the row.
+template <int N, bool kRowBarrier = false>
 __device__ __forceinline__ void row_sum_pp(float (&v)[N], float* smem, int& parity) {
   static_assert(N == 1 || N == 2, "row_sum_pp: 1 or 2 sums");
 #pragma unroll
@@ -364,7 +366,12 @@ __device__ __forceinline__ void row_sum_pp(float (&v)[N], float* smem, int& pari
 #pragma unroll
     for (int i = 0; i < N; ++i) s[(threadIdx.x / 32) * N + i] = v[i];
   }
-  __syncthreads();
+  if constexpr (kRowBarrier) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + static_cast<int>(threadIdx.y)), "r"(static_cast<int>(blockDim.x))
+                 : "memory");
+  } else {
+    __syncthreads();
+  }
   // The common warp counts unrolled: 16-byte reads and a straight chain of adds (a loop with a
   // run-time trip count cost ~100 instructions per call for 16 warps: SASS, NOTES.md).
   switch (warps) {
