@@ -7,17 +7,32 @@ baseline) pay for the heat of the earlier ones. So each round times every row in
 warm-up, then the median of a few steps), and a row's ratio to the baseline is the median of
 its per-round ratios: both sides of every ratio ran seconds apart, under the same conditions.
 
-The order of the rows turns by one each round, so every row takes every place. With a fixed
-order (through the thirty-seventh session) te.Linear BF16, which runs torch's own F.linear, read
-0.90-0.96x of the torch row right before it at 4096 -> 4096 in every run. Turning spreads what a
-place costs over every row alike, but keeps each row's predecessor, which the H200 still showed
-(0.93x, thirty-eighth session; benchmarks/NOTES.md).
+A row's time depends on what ran just before it: with a fixed order (through the
+thirty-seventh session) te.Linear BF16, which runs torch's own F.linear, read 0.90-0.96x of the
+torch row right before it at 4096 -> 4096 in every run, and turning the order by one each round
+(the thirty-eighth) moved every row's place but kept every row's predecessor, and the H200 still
+read 0.93x. So after the first round each round takes the rows in a seeded shuffle (the same in
+every run), and each row warms up for at least ``warmup_ms`` of timed-and-discarded calls as well
+as ``warmup`` steps, long enough for the clocks to follow the row's own load rather than the
+previous row's (a 4096 -> 4096 step is ~2 ms; 3 steps were not).
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Callable
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The rows' order in each round: ``names`` first, then seeded shuffles (the same every run)."""
+    rng = random.Random(0)
+    orders = [list(names)]
+    for _ in range(1, rounds):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
 
 
 def interleaved(
@@ -26,24 +41,33 @@ def interleaved(
     rounds: int,
     iters: int,
     warmup: int,
+    warmup_ms: float = 0.0,
 ) -> tuple[dict[str, list[float]], dict[str, Exception]]:
     """Per row, the median ms of each round (``time_one(step)`` times one step, in ms), the rows
-    taken in ``steps``' order turned by one more each round; a row that raises is dropped from
-    later rounds and reported with its exception."""
-    if rounds < 1 or iters < 1 or warmup < 0:
-        raise ValueError(f"interleaved: rounds and iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
+    taken in round_orders' order; before its timed calls a row runs ``warmup`` untimed steps and
+    then timed calls, discarded, until they add up to ``warmup_ms``. A row that raises is dropped
+    from later rounds and reported with its exception."""
+    if rounds < 1 or iters < 1 or warmup < 0 or warmup_ms < 0:
+        raise ValueError(
+            f"interleaved: rounds and iters >= 1, warmup and warmup_ms >= 0; got {rounds}, {iters}, "
+            f"{warmup}, {warmup_ms}"
+        )
     per: dict[str, list[float]] = {name: [] for name in steps}
     failed: dict[str, Exception] = {}
-    names = list(steps)
-    for r in range(rounds):
-        turn = r % len(names) if names else 0
-        for name in names[turn:] + names[:turn]:
+    for order in round_orders(list(steps), rounds):
+        for name in order:
             if name in failed:
                 continue
             step = steps[name]
             try:
                 for _ in range(warmup):
                     step()
+                spent = 0.0
+                while spent < warmup_ms:
+                    ms = time_one(step)
+                    if not ms > 0:  # a timer reading nothing could never end the warm-up
+                        break
+                    spent += ms
                 per[name].append(statistics.median(time_one(step) for _ in range(iters)))
             except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
                 failed[name] = e

@@ -9,8 +9,9 @@ synced (each step waited for with block_until_ready: its latency, the host's dis
 and back to back (--b2b steps dispatched, then the last waited for: a training loop's throughput,
 where the host enqueues a step while the GPU runs the previous one). Rows run in --rounds
 interleaved rounds (benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's ratio
-is the median of its per-round ratios to plain Flax's row of the same round), each round --warmup
-steps and then the median of --iters; ms is the median over rounds. TFLOP/s count the six
+is the median of its per-round ratios to plain Flax's row of the same round; rows in a seeded
+shuffle after the first round), each round --warmup steps and timed steps, discarded, for at least
+--warmup-ms, then the median of --iters; ms is the median over rounds. TFLOP/s count the six
 GEMMs (12 * tokens * hidden * ffn). Before timing, each variant's output is checked against
 plain Flax BF16 (normwise relative error; FP8 within 0.1, BF16 within 0.02), so a broken
 variant cannot post a time. Target: the best FP8 variant >= 1.8x plain Flax BF16 (synced or
@@ -119,6 +120,7 @@ def main() -> int:
     ap.add_argument("--ffn", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup-ms", type=float, default=100.0, help="per row and round, after --warmup")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--b2b", type=int, default=5, help="steps per back-to-back sample")
     ap.add_argument("--inference", action="store_true", help="the forward alone, no jax.grad")
@@ -194,9 +196,9 @@ def main() -> int:
                 steps[name] = lambda step=step, step_args=step_args: step(*step_args)
             except Exception as e:  # noqa: BLE001 (report every variant; one failure does not hide the rest)
                 entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        per, failed = interleaved(steps, _host_ms, args.rounds, args.iters, args.warmup)
+        per, failed = interleaved(steps, _host_ms, args.rounds, args.iters, args.warmup, args.warmup_ms)
         per_b2b, failed_b2b = interleaved(
-            steps, lambda fn: _b2b_ms(fn, args.b2b), args.rounds, args.iters, args.warmup
+            steps, lambda fn: _b2b_ms(fn, args.b2b), args.rounds, args.iters, args.warmup, args.warmup_ms
         )
         for name, e in failed_b2b.items():
             failed.setdefault(name, e)
@@ -250,6 +252,7 @@ def main() -> int:
                     },
                     "iters": args.iters,
                     "warmup": args.warmup,
+                    "warmup_ms": args.warmup_ms,
                     "rounds": args.rounds,
                     "b2b_steps": args.b2b,
                     "inference": args.inference,

@@ -15,8 +15,9 @@ so: every step also pays the host's time to its first kernel), and "back to back
 between the events (a training loop's throughput: the host enqueues a step while the GPU runs
 the previous one). Rows are timed in --rounds interleaved rounds (benchmarks/_rounds.py: the
 H200 runs these at its power cap, so its clocks drift with its recent load; a row's ratio is the
-median of its per-round ratios to torch's row of the same round); each round runs --warmup steps
-of a row, then the median of --iters synced steps (one back-to-back group). ms is the median over
+median of its per-round ratios to torch's row of the same round; rows in a seeded shuffle after
+the first round); each round runs --warmup steps of a row and timed steps, discarded, for at least
+--warmup-ms, then the median of --iters synced steps (one back-to-back group). ms is the median over
 rounds. --json PATH writes every figure; --rows NAME times only the te rows whose name contains
 NAME, beside torch's (e.g. --rows Block for an A/B of one recipe).
 """
@@ -98,6 +99,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup-ms", type=float, default=100.0, help="per row and round, after --warmup")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--tokens", type=int, default=16384, help="e.g. 16383: te pads odd counts (_token_pad)")
     p.add_argument("--json", default=None)
@@ -139,9 +141,9 @@ def main() -> int:
         if a.rows is None:
             steps.update({name: fwd_bwd(m, x, dy) for name, m in torchao_modules(ref).items()})
         print(f"\nLinear {k} -> {n}, fwd+bwd: synced (one step per pair of events), back to back")
-        per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup)
+        per, failed = interleaved(steps, cuda_event_ms, a.rounds, a.iters, a.warmup, a.warmup_ms)
         back_to_back = functools.partial(cuda_event_ms, steps=10)
-        per_b2b, failed_b2b = interleaved(steps, back_to_back, a.rounds, 1, a.warmup)
+        per_b2b, failed_b2b = interleaved(steps, back_to_back, a.rounds, 1, a.warmup, a.warmup_ms)
         base = next(iter(steps))
         for name in steps:
             row = {"shape": [tokens, k, n], "name": name}
@@ -163,7 +165,7 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-            meta.update(rounds=a.rounds, iters=a.iters, warmup=a.warmup)
+            meta.update(rounds=a.rounds, iters=a.iters, warmup=a.warmup, warmup_ms=a.warmup_ms)
             json.dump({"meta": meta, "rows": results}, f, indent=1)
     return 0
 

@@ -14,8 +14,9 @@ between the events and waited for (every step also pays the host's time to its f
 and "back to back", 5 steps between the events (a training loop's throughput: the host enqueues
 a step while the GPU runs the previous one). Rows are timed in --rounds interleaved rounds
 (benchmarks/_rounds.py: the GPU's clocks drift with its heat, so a row's ratio is the median of
-per-round ratios to torch's row of the same round); each round runs --warmup steps, then takes
-the median of --iters synced steps (one back-to-back group). ms is the median over rounds;
+per-round ratios to torch's row of the same round; rows in a seeded shuffle after the first
+round); each round runs --warmup steps and timed steps, discarded, for at least --warmup-ms, then
+takes the median of --iters synced steps (one back-to-back group). ms is the median over rounds;
 TFLOP/s (synced) counts the three GEMMs of each layer forward and backward (6 * tokens * params
 of FC1 and FC2). A variant that fails reports its error and the run goes on. --json PATH writes
 every figure. --inference times the forward alone under torch.no_grad() (prefill; TFLOP/s then
@@ -101,6 +102,7 @@ def main() -> int:
     ap.add_argument("--activations", default="gelu,swiglu")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup-ms", type=float, default=100.0, help="per row and round, after --warmup")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     ap.add_argument("--inference", action="store_true", help="forward only, under torch.no_grad()")
@@ -148,9 +150,9 @@ def main() -> int:
                 continue
             modules.append(module)
             steps[name] = make_step(module, x, dy, rcp, args.inference)
-        per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup)
+        per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup, args.warmup_ms)
         back_to_back = functools.partial(cuda_event_ms, steps=5)
-        per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup)
+        per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup, args.warmup_ms)
         for name, e in {**failed_b2b, **failed}.items():
             rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         for name, row in rows.items():
@@ -182,6 +184,7 @@ def main() -> int:
             "commit": commit(),
             "iters": args.iters,
             "warmup": args.warmup,
+            "warmup_ms": args.warmup_ms,
             "rounds": args.rounds,
             "inference": args.inference,
         }
