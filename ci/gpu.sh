@@ -5,10 +5,14 @@
 # own time limit (TE_GPU_STEP_SECONDS, default 240) so one slow step cannot eat the others.
 #
 #   ci/gpu.sh [all]               all of it (longer than one 10-minute device call)
-#   ci/gpu.sh bench               the benchmarks
+#   ci/gpu.sh bench [NAME...]     the benchmarks (default all; NAME: benchmarks/NAME.py, e.g. the
+#                                 issues' figures: norm linear mlp jax_dense)
 #   ci/gpu.sh tests [FILE...]     the GPU test files (default tests/gpu/test_*.py), TE_GPU_JOBS
 #                                 of them at a time (default 1; the GPU has room for several)
 #   ci/gpu.sh cpu                 the CPU suite, with the GPU hidden
+#
+# TE_GPU_CARD=TEXT: stop before building (exit 3) unless the GPU's name contains TEXT (e.g. H200,
+# where a device call may come on another card and only that card's figures count).
 #
 # TE_GPU_WORKERS=N (needs pytest-xdist): the test files go to one pytest run of N worker
 # processes, which take tests from every file (TE_GPU_JOBS is then unused; the run is one step,
@@ -20,9 +24,9 @@ part=${1:-all}
 [ $# -gt 0 ] && shift
 case $part in
   all | bench | tests | cpu) ;;
-  *) echo "usage: ci/gpu.sh [all | bench | tests [FILE...] | cpu]; got '$part'" >&2; exit 2 ;;
+  *) echo "usage: ci/gpu.sh [all | bench [NAME...] | tests [FILE...] | cpu]; got '$part'" >&2; exit 2 ;;
 esac
-[ "$part" = tests ] || [ $# -eq 0 ] || { echo "ci/gpu.sh: only 'tests' takes files; got '$*'" >&2; exit 2; }
+[ "$part" = tests ] || [ "$part" = bench ] || [ $# -eq 0 ] || { echo "ci/gpu.sh: only 'tests' and 'bench' take names; got '$*'" >&2; exit 2; }
 parallel=${TE_GPU_JOBS:-1}
 [[ $parallel =~ ^[1-9][0-9]*$ ]] || { echo "ci/gpu.sh: TE_GPU_JOBS must be a positive integer; got '$parallel'" >&2; exit 2; }
 workers=${TE_GPU_WORKERS:-}
@@ -51,6 +55,11 @@ export PYTHONPATH="$root/packages/te-core/src:$root/packages/te-torch/src:$root/
   nvcc --version | tail -1
 } 2>&1 | tee "$out/env.txt"
 
+card=${TE_GPU_CARD:-}
+if [ -n "$card" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q -- "$card"; then
+  echo "ci/gpu.sh: TE_GPU_CARD=$card, and this GPU is not one: stopping before the build"; exit 3
+fi
+
 status=0
 TE_CUDA_ARCHS=${TE_CUDA_ARCHS:-90a} TE_BUILD_JOBS=$(nproc) bash ci/dev_build.sh build/gpu \
   > "$out/build.log" 2>&1 || { echo "BUILD FAILED"; tail -50 "$out/build.log"; exit 1; }
@@ -72,7 +81,16 @@ if [ "$part" = all ] || [ "$part" = bench ]; then
   nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 > /dev/null 2>&1 || smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu
   nvidia-smi --query-gpu=$smi_fields --format=csv -i 0 -lms 250 > "$out/smi.csv" 2>&1 &
   smi_pid=$!
-  for bench in benchmarks/[!_]*.py; do
+  benches=()
+  if [ "$part" = bench ] && [ $# -gt 0 ]; then
+    for name in "$@"; do
+      if [ -f "benchmarks/$name.py" ] && [ "${name#_}" = "$name" ]; then benches+=("benchmarks/$name.py")
+      else echo "ci/gpu.sh: no benchmark '$name' (benchmarks/$name.py)"; status=1; fi
+    done
+  else
+    benches=(benchmarks/[!_]*.py)
+  fi
+  for bench in "${benches[@]}"; do
     name=$(basename "$bench" .py)
     TAIL=30 step "bench_$name" python3 "$bench" --json "$out/$name.json"
   done
