@@ -20,6 +20,8 @@ This slice provides TE's quantizers and quantized tensors:
   recomputes te modules outside their te.autocast region);
 - ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
   weights only (train them with fp32 master weights; see its docstring);
+- ``init_scaling_state``: a model's DelayedScaling state made before its first step, so
+  ``torch.distributed.checkpoint`` can load a checkpoint's state into it;
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
@@ -62,6 +64,7 @@ from te_torch._quantizers import Float8BlockQuantizer as Float8BlockQuantizer
 from te_torch._quantizers import Float8CurrentScalingQuantizer as Float8CurrentScalingQuantizer
 from te_torch._quantizers import Float8Quantizer as Float8Quantizer
 from te_torch._quantizers import Quantizer as Quantizer
+from te_torch._scaling_state import init_scaling_state as init_scaling_state
 from te_torch._version import __version__ as __version__
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "checkpoint",
     "quantized_model_init",
     "fp8_model_init",
+    "init_scaling_state",
     "is_fp8_available",
     "is_fp8_block_scaling_available",
     "is_mxfp8_available",
