@@ -2,6 +2,7 @@
 rule computed by hand, batched updates, nesting, calibration, state_dict round trips."""
 
 import io
+import logging
 import warnings
 
 import pytest
@@ -383,6 +384,40 @@ def test_state_dict_round_trip_reproduces_next_step_bit_for_bit(tmp_path):
     c = te.Linear(8, 8, device="cpu")
     c.load_state_dict(torch.load(buf, weights_only=True))
     assert c._fwd_state is None
+
+
+def test_checkpoint_without_extra_state_loads_strictly_as_no_scaling_state(caplog):
+    """torch's nn.Linear checkpoint (weight, bias) loads into te.Linear with strict=True, and a
+    te checkpoint whose _extra_state was dropped into any te module: the missing key means no
+    DelayedScaling state (a trained module's is reset), said once at INFO."""
+    import te_torch._module_base as base
+
+    base._told.discard("no _extra_state")
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 32)
+    a = te.Linear(64, 32, device="cpu")
+    _train_steps(a, 2, seed=10)
+    assert a.state_dict()["_extra_state"]
+    with caplog.at_level(logging.INFO, logger="te"):
+        result = a.load_state_dict(ref.state_dict())
+        mlp = te.LayerNormMLP(64, 128, device="cpu")
+        with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
+            mlp(torch.randn(8, 64, requires_grad=True)).sum().backward()
+        assert mlp.state_dict()["_extra_state"]
+        sd = {k: v for k, v in mlp.state_dict().items() if k != "_extra_state"}
+        mlp.load_state_dict(sd)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(a.weight, ref.weight) and torch.equal(a.bias, ref.bias)
+    assert a.state_dict()["_extra_state"] == {} and mlp.state_dict()["_extra_state"] == {}
+    said = [r.getMessage() for r in caplog.records if "no '_extra_state'" in r.getMessage()]
+    assert len(said) == 1 and "te.Linear.load_state_dict" in said[0], said
+    # the reloaded module steps as a fresh te.Linear holding torch's weights does
+    b = te.Linear(64, 32, device="cpu")
+    with torch.no_grad():
+        b.weight.copy_(ref.weight)
+        b.bias.copy_(ref.bias)
+    for got, want in zip(_train_steps(a, 1, seed=20)[0], _train_steps(b, 1, seed=20)[0], strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("name", ["delayed", "current"])

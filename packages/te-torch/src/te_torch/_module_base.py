@@ -10,12 +10,16 @@ delayed-scaling step.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import warnings
 
 import torch
 
 from te_torch._gemm_state import GemmState
+
+_log = logging.getLogger("te")
+_told: set[str] = set()  # INFO lines said once a process
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 UNSUPPORTED_KWARGS = (
@@ -195,6 +199,24 @@ class QuantizedModule(torch.nn.Module):
         for g in self._gemms.values():
             g.to(dev)
         return out
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A checkpoint without this module's _extra_state (torch's nn.Linear's weight and bias, or
+        # one whose scaling state was dropped) holds no DelayedScaling state: load it as the empty
+        # state rather than fail load_state_dict(strict=True) on the missing key (TE's users
+        # report that failure). torch hands each module its own copy of the dict to change.
+        key = prefix + "_extra_state"
+        if key not in state_dict:
+            state_dict[key] = {}
+            if "no _extra_state" not in _told:
+                _told.add("no _extra_state")
+                _log.info(
+                    "te.%s.load_state_dict: the checkpoint has no %r (no DelayedScaling state): the "
+                    "module starts from fresh scales",
+                    type(self).__name__,
+                    key,
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def get_extra_state(self) -> dict:
         """DelayedScaling state as plain tensors (see the module docstring)."""
