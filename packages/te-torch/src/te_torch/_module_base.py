@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from te_torch._gemm_state import GemmState
+from te_torch._te_extra_state import is_te_extra_state, read_te_extra_state
 
 _log = logging.getLogger("te")
 _told: set[str] = set()  # INFO lines said once a process
@@ -227,15 +228,21 @@ class QuantizedModule(torch.nn.Module):
 
     def set_extra_state(self, state) -> None:
         owner = type(self).__name__
+        dev = self._state_device()
+        if is_te_extra_state(state):  # a Transformer Engine checkpoint (TE 2.x's format)
+            for g, st in zip(
+                self._gemms.values(), read_te_extra_state(state, len(self._gemms), owner), strict=True
+            ):
+                g.load(st, dev, "_extra_state (Transformer Engine's)")
+            return
         if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
             state = {}
         if not isinstance(state, dict):
             raise TypeError(
-                f"{owner}: _extra_state: expected a dict of tensors written by te.{owner}, got "
-                f"{type(state).__name__} (a Transformer Engine checkpoint's pickled FP8 metadata "
-                "is not read; drop the _extra_state keys to start from fresh scales)"
+                f"{owner}: _extra_state: expected a dict of tensors written by te.{owner} or Transformer "
+                f"Engine's uint8 tensor, got {type(state).__name__} (drop the _extra_state keys to start "
+                "from fresh scales)"
             )
-        dev = self._state_device()
         if len(self._gemms) == 1:
             next(iter(self._gemms.values())).load(state, dev, "_extra_state")
             return
