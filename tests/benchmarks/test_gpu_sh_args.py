@@ -94,20 +94,24 @@ def _fake_tree(tmp_path: Path, pytest_rc: int) -> tuple[Path, Path, dict]:
     return tree, log, env
 
 
-@pytest.mark.parametrize("pytest_rc", [0, 1], ids=["passing", "failing"])
-@pytest.mark.parametrize("workers", ["3", ""], ids=["workers", "file by file"])
-def test_test_files_run_and_their_exit_status_is_kept(workers, pytest_rc, tmp_path):
-    tree, log, env = _fake_tree(tmp_path, pytest_rc)
-    env.update(TE_GPU_WORKERS=workers, TE_GPU_JOBS="2")
-    out = tmp_path / "out"
-    r = subprocess.run(
-        ["bash", str(tree / "ci" / "gpu.sh"), "tests"],
+def _run_tree(tree: Path, out: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(tree / "ci" / "gpu.sh"), *args],
         capture_output=True,
         text=True,
         env=dict(os.environ, TE_GPU_OUT=str(out), **env),
         timeout=60,
         cwd=tree,
     )
+
+
+@pytest.mark.parametrize("pytest_rc", [0, 1], ids=["passing", "failing"])
+@pytest.mark.parametrize("workers", ["3", ""], ids=["workers", "file by file"])
+def test_test_files_run_and_their_exit_status_is_kept(workers, pytest_rc, tmp_path):
+    tree, log, env = _fake_tree(tmp_path, pytest_rc)
+    env.update(TE_GPU_WORKERS=workers, TE_GPU_JOBS="2")
+    out = tmp_path / "out"
+    r = _run_tree(tree, out, ["tests"], env)
     runs = [line.split() for line in log.read_text().splitlines() if line.startswith("-m pytest")]
     if workers:  # one run over every file, on the workers
         assert len(runs) == 1, runs
@@ -122,17 +126,6 @@ def test_test_files_run_and_their_exit_status_is_kept(workers, pytest_rc, tmp_pa
         assert all("-n" not in run for run in runs)
         assert (out / "test_a.rc").read_text().strip() == str(pytest_rc)
     assert r.returncode == pytest_rc, r.stdout + r.stderr
-
-
-def _run_tree(tree: Path, out: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(tree / "ci" / "gpu.sh"), *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, TE_GPU_OUT=str(out), **env),
-        timeout=60,
-        cwd=tree,
-    )
 
 
 def test_bench_runs_only_the_benchmarks_named(tmp_path):

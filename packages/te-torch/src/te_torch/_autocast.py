@@ -81,7 +81,9 @@ STATE = _State()
 _default_recipe = None
 
 
-def _resolve(recipe):
+def _resolve(recipe, owner: str = "autocast"):
+    """``recipe``, or the default recipe for None (made once); a TypeError naming ``owner`` for
+    anything but a te recipe."""
     global _default_recipe
     if recipe is None:
         if _default_recipe is None:
@@ -89,7 +91,7 @@ def _resolve(recipe):
         return _default_recipe
     if not isinstance(recipe, Recipe):
         raise TypeError(
-            f"autocast: recipe: expected a te.recipe recipe (DelayedScaling(), "
+            f"{owner}: recipe: expected a te.recipe recipe (DelayedScaling(), "
             f"Float8CurrentScaling(), Float8BlockScaling(), ...) or None, got {type(recipe).__name__}"
         )
     return recipe

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import warnings
 from collections.abc import Callable
 
@@ -36,19 +35,11 @@ import torch
 
 from te_torch._autocast import STATE, autocast
 from te_torch._gemm_state import recipe_fields
+from te_torch._info_once import info_once as _info_once
 from te_torch._module_base import QuantizedModule
 from te_torch._recipe_state import UpdateRegistry
 
 __all__ = ["make_graphed_callables"]
-
-_log = logging.getLogger("te")
-_told: set[str] = set()
-
-
-def _info_once(key: str, msg: str) -> None:
-    if key not in _told:
-        _told.add(key)
-        _log.info(msg)
 
 
 class _OwnRegion:

@@ -10,17 +10,14 @@ delayed-scaling step.
 
 from __future__ import annotations
 
-import logging
 import numbers
 import warnings
 
 import torch
 
 from te_torch._gemm_state import GemmState
+from te_torch._info_once import info_once
 from te_torch._te_extra_state import is_te_extra_state, read_te_extra_state
-
-_log = logging.getLogger("te")
-_told: set[str] = set()  # INFO lines said once a process
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 UNSUPPORTED_KWARGS = (
@@ -209,14 +206,11 @@ class QuantizedModule(torch.nn.Module):
         key = prefix + "_extra_state"
         if key not in state_dict:
             state_dict[key] = {}
-            if "no _extra_state" not in _told:
-                _told.add("no _extra_state")
-                _log.info(
-                    "te.%s.load_state_dict: the checkpoint has no %r (no DelayedScaling state): the "
-                    "module starts from fresh scales",
-                    type(self).__name__,
-                    key,
-                )
+            info_once(
+                "no _extra_state",
+                f"te.{type(self).__name__}.load_state_dict: the checkpoint has no {key!r} (no "
+                "DelayedScaling state): the module starts from fresh scales",
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def get_extra_state(self) -> dict:

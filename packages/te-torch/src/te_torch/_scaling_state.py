@@ -13,9 +13,8 @@ would, gives DCP the tensors to load into.
 from __future__ import annotations
 
 import torch
-from te_core.recipe import Recipe
 
-from te_torch._availability import get_default_recipe
+from te_torch._autocast import _resolve
 from te_torch._module_base import QuantizedModule
 
 __all__ = ["init_scaling_state"]
@@ -35,7 +34,7 @@ def init_scaling_state(model: torch.nn.Module, recipe=None) -> None:
     Args:
         model: a te module or a module containing them.
         recipe: the recipe training will use (its ``amax_history_len`` must be the checkpoint's);
-            None: ``te.get_default_recipe()``.
+            None: autocast's default (``te.get_default_recipe()``).
 
     Raises:
         TypeError: ``model`` is not a torch.nn.Module, or ``recipe`` is not a te recipe.
@@ -43,13 +42,7 @@ def init_scaling_state(model: torch.nn.Module, recipe=None) -> None:
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"init_scaling_state: model: expected a torch.nn.Module, got {type(model).__name__}")
-    if recipe is None:
-        recipe = get_default_recipe()
-    elif not isinstance(recipe, Recipe):
-        raise TypeError(
-            "init_scaling_state: recipe: expected a te.recipe recipe (DelayedScaling(), "
-            f"Float8CurrentScaling(), ...) or None, got {type(recipe).__name__}"
-        )
+    recipe = _resolve(recipe, "init_scaling_state")
     modules = [m for m in model.modules() if isinstance(m, QuantizedModule)]
     if not modules:
         raise ValueError(
