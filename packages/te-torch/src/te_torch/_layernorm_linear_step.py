@@ -31,6 +31,7 @@ from te_torch._fused_kernels import norm_config
 from te_torch._kernels import _raw_stream, give_tmp, spec, take_tmp
 from te_torch._linear_step import (
     StepPlan,
+    bwd_weight,
     check_not_released,
     column_sums,
     gemm_bias,
@@ -224,8 +225,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     if need_dw:
         dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, p.w_shape, ctx.w_dtype, dev, device)
     _bwd(
-        g, spec(db) if need_db else None, ctx.ln_bwd, ctx.w_bwd, dln, dgrad, dw_spec, wgrad, norm,
-        stream,
+        g, spec(db) if need_db else None, ctx.ln_bwd, bwd_weight(ctx.w_bwd, ctx.keep), dln, dgrad, dw_spec,
+        wgrad, norm, stream,
     )  # fmt: skip
     give_tmp(dev, stream, tmp)
     del parts  # alive until here

@@ -41,6 +41,7 @@ from te_torch._layernorm_linear_step import (
     stats_bytes,
 )
 from te_torch._linear_step import (
+    bwd_weight,
     check_not_released,
     column_sums,
     dgrad_config,
@@ -263,7 +264,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
     dw2 = dw2_spec = wgrad2 = None
     if need_dw2:
         dw2, dw2_spec, wgrad2 = wgrad_target(c2, fuse, w2, w2_shape, w2_dtype, dev, device)
-    w1_bwd, w2_bwd = ctx.w_bwd
+    w1_bwd, w2_bwd = (bwd_weight(w, k) for w, k in zip(ctx.w_bwd, ctx.keep, strict=True))
     fc1 = norm = dx = dlnw = dlnb = dw1 = db1 = da = None
     if need_dh:
         da = (ep, g2p.dy_dt, p.a_shape, dev)

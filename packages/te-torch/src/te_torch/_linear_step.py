@@ -79,6 +79,15 @@ def weight_operands(weight: torch.Tensor, plan: tuple, dev: int, row: int, col: 
     return (0, w_spec, wq, row, col), (1, wq[0], wq[1], weight.shape, dev, 0, col)
 
 
+def bwd_weight(w_bwd: tuple | None, keep) -> tuple | None:
+    """The backward's weight operand. A stored quantized or cached weight's pointers are read
+    again here, not kept from forward: FSDP2 frees a gathered weight's bytes after forward and
+    gathers them again, at other addresses, before backward."""
+    if w_bwd is None or w_bwd[0] != 2:
+        return w_bwd
+    return _stored_operand(keep)
+
+
 def gemm_bias(bias, dtype: torch.dtype):
     """The bias as a quantized GEMM's epilogue adds it: in the output's dtype (TE's rule),
     contiguous. cuBLASLt has no fused FP8 kernel for an fp32 bias beside a 16-bit output, so an
@@ -361,8 +370,8 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         x_bwd = (1, xq[0], xq[1], plan.src_shape, dev, 0, ctx.sp)
         dw, dw_spec, wgrad = wgrad_target(c, ctx.fuse, ctx.weight, plan.w_shape, ctx.w_dtype, dev, device)
     _linear_bwd(
-        g, spec(db) if need_db else None, x_bwd, ctx.w_bwd, dx_spec, gp.dgrad if need_dx else None,
-        dw_spec, wgrad, stream,
+        g, spec(db) if need_db else None, x_bwd, bwd_weight(ctx.w_bwd, ctx.keep), dx_spec,
+        gp.dgrad if need_dx else None, dw_spec, wgrad, stream,
     )  # fmt: skip
     if tmp is not None:
         give_tmp(dev, stream, tmp)
