@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from te_core import _C
 
-from te_torch import _kernels
+from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
 from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
 
@@ -103,11 +103,23 @@ class Float8Tensor(QuantizedTensor):
     def quantize_(self, src: torch.Tensor) -> Float8Tensor:
         """Quantizes ``src`` into this tensor in place with its quantizer (a current-scaling one
         of the same FP8 dtype if it has none); both copies present are rewritten."""
+        from te_torch._quantizers import Float8CurrentScalingQuantizer
+
         quantizer = self._quantizer
         if quantizer is None:
-            from te_torch._quantizers import Float8CurrentScalingQuantizer
-
             quantizer = Float8CurrentScalingQuantizer(self._fp8_dtype, self.device)
+        group = _fsdp.amax_group(self)
+        if group is not None and isinstance(quantizer, Float8CurrentScalingQuantizer):
+            # an FSDP2 shard: the scale of the whole weight, which every shard shares
+            amax = _fsdp.reduced_amax(src, group)
+            quantizer = Float8CurrentScalingQuantizer(
+                self._fp8_dtype,
+                self.device,
+                use_existing_amax=True,
+                force_pow_2_scales=quantizer.force_pow_2_scales,
+                amax_epsilon=quantizer.amax_epsilon,
+            )
+            quantizer.amax.copy_(amax)
         quantizer.update_quantized(src, self)
         return self
 
@@ -130,6 +142,14 @@ class Float8Tensor(QuantizedTensor):
             self._transpose = None
 
     # -- torch integration ----------------------------------------------------------------------
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """FSDP2's all-gather extension: the shard's FP8 bytes go over the wire (te_torch._fsdp)."""
+        return _fsdp.pre_all_gather(self, mesh, outer_size)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded weight from the gathered bytes (te_torch._fsdp)."""
+        return _fsdp.post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
         # Under tracing the parts are fake tensors with no values to show.
@@ -193,15 +213,30 @@ def _transpose(data: torch.Tensor) -> torch.Tensor:
 # -- natively implemented ops ---------------------------------------------------------------------
 
 
+def _rows(t: Float8Tensor, data: torch.Tensor) -> Float8Tensor:
+    """A Float8Tensor over ``data`` (a view or piece of t's row-wise bytes) with t's scale."""
+    return Float8Tensor(
+        shape=data.shape,
+        dtype=t.dtype,
+        data=data,
+        fp8_scale_inv=t._scale_inv,
+        fp8_dtype=t._fp8_dtype,
+        quantizer=t._quantizer,
+    )
+
+
 def _view(func, args, kwargs):
     # A view that keeps the last dim keeps the [K, M] column-wise layout: alias both copies.
+    # Without a column-wise copy any view of the bytes is one (FSDP2 flattens its shards).
     t, size = args[0], args[1]
     if t._data is None:
         return NotImplemented
     data = func(t._data, size)
+    if t._transpose is None:
+        return _rows(t, data)
     if data.shape[-1:] != t.shape[-1:]:
         return NotImplemented
-    out = Float8Tensor(
+    return Float8Tensor(
         shape=data.shape,
         dtype=t.dtype,
         data=data,
@@ -210,6 +245,53 @@ def _view(func, args, kwargs):
         data_transpose=t._transpose,
         quantizer=t._quantizer,
     )
+
+
+# Row ops FSDP2 shards a parameter with (split, new_zeros, narrow -> slice, as_strided) keep
+# the FP8 format: the pieces share the scale. A view cannot also slice the column-wise copy, so
+# of a tensor that has one, split gives row-wise copies (written pieces do not write back) and
+# slice / as_strided take the fallback (dequantized).
+
+
+def _split(func, args, kwargs):
+    t = args[0]
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    if t._data is None or t.dim() == 0 or dim % t.dim() != 0:
+        return NotImplemented
+    pieces = func(t._data, args[1], 0)
+    if t._transpose is not None:
+        pieces = [p.clone() for p in pieces]
+    return [_rows(t, p) for p in pieces]
+
+
+def _slice(func, args, kwargs):
+    t = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if t._data is None or t._transpose is not None or t.dim() == 0 or dim % t.dim() != 0:
+        return NotImplemented
+    return _rows(t, func(t._data, *args[1:], **kwargs))
+
+
+def _as_strided(func, args, kwargs):
+    t = args[0]
+    if t._data is None:
+        return NotImplemented
+    if t._transpose is None:
+        return _rows(t, func(t._data, *args[1:], **kwargs))
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+    whole = tuple(args[1]) == tuple(t.shape) and tuple(args[2]) == t._data.stride() and not offset
+    if whole and t._data.storage_offset() == 0:
+        return t._like(*t._tensors())  # FSDP2's unsharded weight over its gathered bytes
+    return NotImplemented
+
+
+def _new_zeros(func, args, kwargs):
+    t, size = args[0], args[1]
+    if t._data is None or kwargs.get("dtype") not in (None, t.dtype):
+        return NotImplemented
+    zeros = torch.zeros(size, dtype=t._data.dtype, device=kwargs.get("device") or t.device)
+    out = _rows(t, zeros)
+    out._scale_inv = t._scale_inv.clone()
     return out
 
 
@@ -217,4 +299,9 @@ Float8Tensor._HANDLERS = {
     **INNER_HANDLERS,
     aten.view.default: _view,
     aten._unsafe_view.default: _view,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
+    aten.slice.Tensor: _slice,
+    aten.as_strided.default: _as_strided,
+    aten.new_zeros.default: _new_zeros,
 }

@@ -340,13 +340,15 @@ def dequantize_mx(op: tuple, shape: tuple[int, ...] | torch.Size, dtype: torch.d
     return out
 
 
-def transpose(data: torch.Tensor) -> torch.Tensor:
-    """[..., K] viewed as [M, K] -> a new contiguous [K, M] (any 1-, 2- or 4-byte dtype)."""
+def transpose(data: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., K] viewed as [M, K] -> a contiguous [K, M] (any 1-, 2- or 4-byte dtype), new or
+    written into ``out`` (contiguous [K, M] of data's dtype, which the C call checks)."""
     if not data.is_contiguous():
         data = data.contiguous()
     k = data.shape[-1] if data.dim() else 1
     m = data.numel() // k if k else 0
-    out = _empty((k, m), dtype=data.dtype, device=data.device)
+    if out is None:
+        out = _empty((k, m), dtype=data.dtype, device=data.device)
     _C.transpose(desc(data), desc(out), stream_of(data))
     return out
 

@@ -90,8 +90,21 @@ def _mutated_values(func, args, kwargs) -> list:
     return mutated
 
 
+_SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
+
+
 def dequantize_fallback(func, args, kwargs):
     """Runs ``func`` on dequantized copies of the quantized arguments; see the module docstring."""
+    if func in _SPLITS and getattr(args[0], "_is_param", False):
+        from te_torch._info_once import info_once
+
+        name = type(args[0]).__name__
+        info_once(
+            f"split:{name}",
+            f"a {name} parameter was split (as FSDP2's fully_shard shards one): its pieces "
+            "are high precision, so its shards are too; only Float8Tensor weights (DelayedScaling "
+            "or Float8CurrentScaling under te.quantized_model_init) stay FP8 when sharded",
+        )
     written = {id(v) for v in _mutated_values(func, args, kwargs) if isinstance(v, QuantizedTensor)}
     back: list[tuple[QuantizedTensor, torch.Tensor]] = []
 

@@ -1,0 +1,101 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) over te's per-tensor FP8 weights.
+
+A ``Float8Tensor`` parameter (``te.quantized_model_init`` under DelayedScaling or
+Float8CurrentScaling) is sharded by row: each rank keeps its rows' FP8 bytes and the one
+``scale_inv`` (1 byte an element, not the 2-4 of a high-precision shard), and FSDP2 all-gathers
+the FP8 bytes through these hooks (torch's all-gather extension), so the wire carries a quarter
+of an fp32 weight's bytes. The unsharded weight gets its column-wise copy (the dgrad GEMM's
+operand) by an exact FP8 transpose after each all-gather.
+
+The shards of one weight must share one scale, or the gathered bytes would mix scales: a shard
+re-quantized with ``quantize_`` (the master-weights step) takes the amax of the whole weight, its
+shard's amax all-reduced (MAX) over the FSDP group. The group becomes known at the weight's first
+all-gather, which also checks once that every rank holds the same scale (a shard quantized on its
+own before it: a clear error on every rank, not silently mixed bytes).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from te_torch import _kernels
+
+# scale_inv tensor of a sharded weight (shared by the shard's views) -> its FSDP process group
+_GROUPS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def amax_group(t) -> object | None:
+    """The FSDP group whose ranks hold the other shards of ``t``'s weight (None: not known)."""
+    return _GROUPS.get(t._scale_inv)
+
+
+def _check_one_scale(t, group) -> None:
+    import torch.distributed as dist
+
+    s = t._scale_inv.float().reshape(1)
+    both = torch.cat([s, -s])  # one MAX all-reduce gives the largest and the smallest
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    hi, lo = both[0].item(), -both[1].item()
+    if hi != lo:
+        raise RuntimeError(
+            f"FSDP2 all-gather of a te Float8Tensor weight {tuple(t.shape)} (this rank's shard): "
+            f"the ranks' shards hold different scales (scale_inv {lo:g} .. {hi:g}), so the "
+            "gathered FP8 bytes would mix them. Shards of one weight need one scale: build the "
+            "model identically on every rank (same seed) before fully_shard, and re-quantize "
+            "shards only with quantize_ after the first forward (it then reduces the amax "
+            "over the FSDP group)"
+        )
+
+
+def pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
+    """fsdp_pre_all_gather: the shard's row-wise bytes (uint8, which every backend gathers)."""
+    if t._data is None:
+        raise RuntimeError(
+            "FSDP2 all-gather of a te Float8Tensor weight: the shard has no row-wise copy; "
+            "restore it with update_usage(rowwise_usage=True)"
+        )
+    if t._scale_inv not in _GROUPS:
+        group = mesh.get_group()
+        _check_one_scale(t, group)
+        _GROUPS[t._scale_inv] = group
+    data = t._data
+    rows = -(-outer_size[0] // mesh.size())  # FSDP pads every shard to the first one's rows
+    if data.shape[0] != rows:  # a short last shard: a view of FSDP's padded bytes behind it
+        data = torch.as_strided(data, (rows, *data.shape[1:]), data.stride(), data.storage_offset())
+    return (data.view(torch.uint8),), (t._scale_inv.clone(), t._fp8_dtype, outer_size)
+
+
+def post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
+    """fsdp_post_all_gather: the unsharded Float8Tensor over the gathered bytes (trimmed of
+    FSDP's padding rows), with its column-wise copy; ``out``: refill a previous one in place."""
+    from te_torch._float8_tensor import Float8Tensor
+
+    scale_inv, fp8_dtype, outer_size = metadata
+    data = outputs[0][: outer_size[0]].view(fp8_dtype).view(outer_size)
+    if out is not None:
+        out._scale_inv.copy_(scale_inv)
+        _kernels.transpose(out._data, out._transpose)
+        return None
+    transpose = _kernels.transpose(data)
+    full = Float8Tensor(
+        shape=outer_size,
+        dtype=param_dtype,
+        data=data,
+        fp8_scale_inv=scale_inv,
+        fp8_dtype=fp8_dtype,
+        data_transpose=transpose,
+    )
+    # FSDP frees and re-allocates these around each reshard; the gathered bytes are its own
+    return full, (transpose,)
+
+
+def reduced_amax(src: torch.Tensor, group) -> torch.Tensor:
+    """max|src| over every rank of ``group`` (fp32 [1]): the amax of the whole weight."""
+    import torch.distributed as dist
+
+    amax = torch.zeros(1, dtype=torch.float32, device=src.device)
+    if src.numel():
+        amax = src.detach().abs().amax().float().reshape(1)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    return amax
