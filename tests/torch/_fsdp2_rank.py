@@ -1,0 +1,175 @@
+"""One rank of tests/torch/test_fsdp2.py (and tests/gpu/test_torch_fsdp2.py): ``run`` starts the
+ranks as processes of this file; each prints its findings as one JSON line.
+
+    python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
+
+CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
+(ranks with different weights: the first all-gather must fail), dcp (a save and load through
+torch.distributed.checkpoint). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def run(tmp_path, world: int, recipe: str, case: str, device: str = "cpu") -> list[dict]:
+    """Runs the ranks of ``case`` and returns each rank's findings (asserting that all exit 0)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rdzv = str(tmp_path / "rdzv")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(world), rdzv, recipe, case, device],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(world)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def _local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _build(te, seed: int, dev: str):
+    torch.manual_seed(seed)
+    with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
+        return torch.nn.Sequential(
+            te.LayerNormLinear(64, 32, device=dev),
+            te.Linear(32, 48, device=dev),
+            te.LayerNormMLP(48, 96, activation="swiglu", device=dev),
+        )
+
+
+def _trainer(te, model, recipe):
+    """docs/linear.rst's master-weights loop, written for sharded and unsharded parameters alike:
+    (the FP8 parameters, step(x) -> (y, their gradients))."""
+    qparams = [p for p in model.parameters() if isinstance(_local(p), te.QuantizedTensor)]
+    masters = [_local(p).dequantize().float().requires_grad_() for p in qparams]
+    ids = {id(p) for p in qparams}
+    others = [p for p in model.parameters() if id(p) not in ids]
+    opt = torch.optim.AdamW(masters + others, lr=1e-2)
+
+    def step(x):
+        with te.autocast(recipe=recipe):
+            y = model(x)
+        y.float().pow(2).mean().backward()
+        grads = [_local(p.grad).clone() for p in qparams]
+        with torch.no_grad():
+            for p, m in zip(qparams, masters, strict=True):
+                m.grad, p.grad = _local(p.grad).float(), None
+            opt.step()
+            opt.zero_grad()
+            for p, m in zip(qparams, masters, strict=True):
+                _local(p).quantize_(m)
+        return y.detach(), grads
+
+    return qparams, step
+
+
+def _mixed_scales(te, recipe, mesh, rank: int, dev: str) -> dict:
+    model = _build(te, rank, dev)  # every rank its own weights: the shards' scales differ
+    for m in model:
+        fully_shard(m, mesh=mesh)
+    try:
+        with te.autocast(recipe=recipe):
+            model(torch.randn(8, 64, device=dev))
+    except RuntimeError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def _dcp(te, recipe, mesh, path: str, dev: str) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    a, b = _build(te, 0, dev), _build(te, 1, dev)
+    for m in (*a, *b):
+        fully_shard(m, mesh=mesh)
+    x = torch.randn(8, 64, device=dev)
+    with te.autocast(recipe=recipe):
+        y = a(x)
+    dcp.save(a.state_dict(), checkpoint_id=path + ".ckpt")
+    sd = b.state_dict()
+    dcp.load(sd, checkpoint_id=path + ".ckpt")
+    b.load_state_dict(sd)
+    with te.autocast(recipe=recipe):
+        equal = torch.equal(b(x), y)
+    return {"equal": equal, "shard": type(_local(b[0].weight)).__name__}
+
+
+def _train(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
+    ref, model = _build(te, 0, dev), _build(te, 0, dev)
+    for m in model:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ref_q, ref_step = _trainer(te, ref, recipe)
+    q, step = _trainer(te, model, recipe)
+    shards = []
+    for p, r in zip(q, ref_q, strict=True):
+        s = _local(p)
+        rows = torch.chunk(r._data.view(torch.uint8), world, dim=0)[rank]
+        same_rows = torch.equal(s._data.view(torch.uint8)[: rows.shape[0]], rows)
+        same_scale = torch.equal(s._scale_inv, r._scale_inv)
+        shards.append([type(s).__name__, s._data.element_size(), s._transpose is None, same_rows, same_scale])
+    torch.manual_seed(7)
+    steps = []
+    for _ in range(3):
+        x = torch.randn(16, 64, device=dev)  # the same batch on every rank: FSDP's mean of grads is exact
+        y, grads = step(x)
+        y_ref, grads_ref = ref_step(x)
+        g_err = 0.0
+        for g, gr in zip(grads, grads_ref, strict=True):
+            piece = torch.chunk(gr, world, dim=0)[rank]
+            g_err = max(g_err, (g - piece).abs().max().item() / max(piece.abs().max().item(), 1e-30))
+        scales = all(torch.equal(_local(p)._scale_inv, r._scale_inv) for p, r in zip(q, ref_q, strict=True))
+        steps.append(
+            {
+                "y_equal": torch.equal(y, y_ref),
+                "y_err": (y - y_ref).abs().max().item(),
+                "g_err": g_err,
+                "scales_equal": scales,
+            }
+        )
+    # what went over the wire for each FP8 weight (FSDP's all-gather buffers, a private field)
+    wire = []
+    for m in model:
+        for fp in m._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            if isinstance(_local(fp.sharded_param), te.QuantizedTensor):
+                wire.append([str(t.dtype) for t in fp.all_gather_outputs])
+    return {"shards": shards, "steps": steps, "wire": wire}
+
+
+def main() -> None:
+    import te_torch as te
+
+    rank, world, path, recipe_name, case, dev = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
+    backend = "nccl" if dev == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method="file://" + path, rank=rank, world_size=world)
+    if dev == "cuda":
+        torch.cuda.set_device(rank)
+    mesh = dist.device_mesh.init_device_mesh(dev, (world,))
+    recipe = {"current": te.recipe.Float8CurrentScaling(), "delayed": te.recipe.DelayedScaling()}[recipe_name]
+    if case == "mixed_scales":
+        out = _mixed_scales(te, recipe, mesh, rank, dev)
+    elif case == "dcp":
+        out = _dcp(te, recipe, mesh, path, dev)
+    else:
+        out = _train(te, recipe, mesh, rank, world, dev)
+    print(json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
