@@ -5,7 +5,8 @@ ranks as processes of this file; each prints its findings as one JSON line.
 
 CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
-torch.distributed.checkpoint). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
+torch.distributed.checkpoint), high_precision (weights not quantized, DelayedScaling with the amax
+reduced over the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
 
 import json
@@ -151,6 +152,50 @@ def _train(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
     return {"shards": shards, "steps": steps, "wire": wire}
 
 
+def _high_precision(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
+    """Weights in high precision (FSDP2's own sharding) under ``recipe`` with the amax reduced
+    over the ranks, each rank fed its part of the batch, against one process fed all of it."""
+    from _module_ref import delayed_states
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            te.LayerNormLinear(64, 32, device=dev),
+            te.Linear(32, 48, device=dev),
+            te.LayerNormMLP(48, 96, device=dev),
+        )
+
+    ref, model = build(), build()
+    for m in model:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # one process's loss world x the ranks' (the same gradient of the output per row, so the same
+    # backward amaxes), its step 1 / world as long: both exact scalings
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1 / world)
+    torch.manual_seed(7)
+    y_err = p_err = 0.0
+    for _ in range(3):
+        x = torch.randn(16 * world, 64, device=dev)
+        mine = x.chunk(world)[rank]
+        with te.autocast(recipe=recipe, amax_reduction_group=dist.group.WORLD):
+            y = model(mine)
+        y.float().pow(2).mean().backward()  # FSDP2 averages the ranks' mean gradients
+        opt.step()
+        opt.zero_grad()
+        with te.autocast(recipe=recipe):
+            y_ref = ref(x)
+        (world * y_ref.float().pow(2).mean()).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        y_err = max(y_err, (y - y_ref.chunk(world)[rank]).abs().max().item())
+        for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+            p_err = max(p_err, (p.full_tensor() - r).abs().max().item())
+    # the amaxes reduced over the ranks are the whole batch's: one process's scaling state
+    states = [torch.equal(a, b) for a, b in zip(delayed_states(model), delayed_states(ref), strict=True)]
+    return {"y_err": y_err, "p_err": p_err, "states": states}
+
+
 def main() -> None:
     import te_torch as te
 
@@ -165,6 +210,8 @@ def main() -> None:
         out = _mixed_scales(te, recipe, mesh, rank, dev)
     elif case == "dcp":
         out = _dcp(te, recipe, mesh, path, dev)
+    elif case == "high_precision":
+        out = _high_precision(te, recipe, mesh, rank, world, dev)
     else:
         out = _train(te, recipe, mesh, rank, world, dev)
     print(json.dumps(out))

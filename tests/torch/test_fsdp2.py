@@ -91,3 +91,12 @@ def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path):
     # built from other weights, which then computes the saved model's outputs bit for bit
     for r in run(tmp_path, 2, "current", "dcp"):
         assert r == {"equal": True, "shard": "Float8Tensor"}
+
+
+def test_fsdp2_high_precision_weights_reduce_the_amax_as_one_process(tmp_path):
+    # weights FSDP2 shards in high precision, DelayedScaling with amax_reduction_group: each rank
+    # fed half the batch keeps one process's scaling state bit for bit and trains as it does, up
+    # to the order of the gradient sums
+    for r in run(tmp_path, 2, "delayed", "high_precision"):
+        assert len(r["states"]) == 16 and all(r["states"]), r
+        assert r["y_err"] < 1e-6 and r["p_err"] < 1e-7, r
