@@ -61,7 +61,9 @@ def _trainer(te, model, recipe):
     masters = [_local(p).dequantize().float().requires_grad_() for p in qparams]
     ids = {id(p) for p in qparams}
     others = [p for p in model.parameters() if id(p) not in ids]
-    opt = torch.optim.AdamW(masters + others, lr=1e-2)
+    # one group each: a group mixing the plain local masters with FSDP's DTensor parameters
+    # fails in the foreach kernels torch's optimizers use on CUDA (forced here on the CPU too)
+    opt = torch.optim.AdamW([{"params": masters}, {"params": others}], lr=1e-2, foreach=True)
 
     def step(x):
         with te.autocast(recipe=recipe):

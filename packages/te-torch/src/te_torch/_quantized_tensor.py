@@ -162,6 +162,8 @@ def _copy_(func, args, kwargs):
         return dst
     if isinstance(src, QuantizedTensor):
         src = src.dequantize()
+    if src.device != dst.device:  # copy_ crosses devices (DCP loads through host memory)
+        src = src.to(dst.device)
     dst.quantize_(src)
     return dst
 
