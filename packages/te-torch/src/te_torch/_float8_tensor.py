@@ -213,7 +213,7 @@ def _transpose(data: torch.Tensor) -> torch.Tensor:
 # -- natively implemented ops ---------------------------------------------------------------------
 
 
-def _rows(t: Float8Tensor, data: torch.Tensor) -> Float8Tensor:
+def _rows(t: Float8Tensor, data: torch.Tensor, transpose: torch.Tensor | None = None) -> Float8Tensor:
     """A Float8Tensor over ``data`` (a view or piece of t's row-wise bytes) with t's scale."""
     return Float8Tensor(
         shape=data.shape,
@@ -221,6 +221,7 @@ def _rows(t: Float8Tensor, data: torch.Tensor) -> Float8Tensor:
         data=data,
         fp8_scale_inv=t._scale_inv,
         fp8_dtype=t._fp8_dtype,
+        data_transpose=transpose,
         quantizer=t._quantizer,
     )
 
@@ -232,19 +233,9 @@ def _view(func, args, kwargs):
     if t._data is None:
         return NotImplemented
     data = func(t._data, size)
-    if t._transpose is None:
-        return _rows(t, data)
-    if data.shape[-1:] != t.shape[-1:]:
+    if t._transpose is not None and data.shape[-1:] != t.shape[-1:]:
         return NotImplemented
-    return Float8Tensor(
-        shape=data.shape,
-        dtype=t.dtype,
-        data=data,
-        fp8_scale_inv=t._scale_inv,
-        fp8_dtype=t._fp8_dtype,
-        data_transpose=t._transpose,
-        quantizer=t._quantizer,
-    )
+    return _rows(t, data, t._transpose)
 
 
 # Row ops FSDP2 shards a parameter with (split, new_zeros, narrow -> slice, as_strided) keep

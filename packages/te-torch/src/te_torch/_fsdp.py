@@ -72,11 +72,11 @@ def post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype
     from te_torch._float8_tensor import Float8Tensor
 
     scale_inv, fp8_dtype, outer_size = metadata
-    data = outputs[0][: outer_size[0]].view(fp8_dtype).view(outer_size)
-    if out is not None:
+    if out is not None:  # its bytes are the re-gathered outputs already
         out._scale_inv.copy_(scale_inv)
         _kernels.transpose(out._data, out._transpose)
         return None
+    data = outputs[0][: outer_size[0]].view(fp8_dtype).view(outer_size)
     transpose = _kernels.transpose(data)
     full = Float8Tensor(
         shape=outer_size,
@@ -94,8 +94,9 @@ def reduced_amax(src: torch.Tensor, group) -> torch.Tensor:
     """max|src| over every rank of ``group`` (fp32 [1]): the amax of the whole weight."""
     import torch.distributed as dist
 
-    amax = torch.zeros(1, dtype=torch.float32, device=src.device)
     if src.numel():
         amax = src.detach().abs().amax().float().reshape(1)
+    else:
+        amax = torch.zeros(1, dtype=torch.float32, device=src.device)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
