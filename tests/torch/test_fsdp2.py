@@ -100,3 +100,16 @@ def test_fsdp2_high_precision_weights_reduce_the_amax_as_one_process(tmp_path):
     for r in run(tmp_path, 2, "delayed", "high_precision"):
         assert len(r["states"]) == 16 and all(r["states"]), r
         assert r["y_err"] < 1e-6 and r["p_err"] < 1e-7, r
+
+
+def test_an_fsdp2_shard_without_rowwise_bytes_says_how_to_restore_them():
+    import te_torch as te
+
+    with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
+        m = te.Linear(64, 32)
+    w = m.weight
+    w.update_usage(rowwise_usage=False)
+    with pytest.raises(
+        RuntimeError, match=r"no row-wise copy; restore it with update_usage\(rowwise_usage=True\)"
+    ):
+        w.fsdp_pre_all_gather(None, w.shape, None, m, None)
