@@ -1,7 +1,7 @@
 """FSDP2 over te's FP8 weights on CUDA (NCCL): tests/torch/test_fsdp2.py's ranks with the CUDA
-kernels (the transpose after each all-gather, the shard quantize with the group's amax). Two GPUs
-give two ranks; one GPU runs one rank, which still shards, gathers and re-quantizes through the
-same hooks."""
+kernels (the transpose after each all-gather, the shard quantize with the group's amax, the tile
+shards' scales). Two GPUs give two ranks; one GPU runs one rank, which still shards, gathers and
+re-quantizes through the same hooks."""
 
 from __future__ import annotations
 
@@ -17,24 +17,25 @@ _TORCH_TESTS = Path(__file__).resolve().parents[1] / "torch"
 if str(_TORCH_TESTS) not in sys.path:
     sys.path.insert(0, str(_TORCH_TESTS))
 
-from _fsdp2_rank import run  # noqa: E402
+from _fsdp2_rank import SHARD, WIRE, run  # noqa: E402
 
 
 def _world() -> int:
     return min(torch.cuda.device_count(), 2) if torch.cuda.is_available() else 1
 
 
-@pytest.mark.parametrize("recipe", ["current", "delayed"])
+@pytest.mark.parametrize("recipe", ["current", "delayed", "block"])
 def test_fsdp2_fp8_shards_train_as_one_process_on_cuda(tmp_path, recipe):
     world = _world()
     for r in run(tmp_path, world, recipe, "train", "cuda"):
         for kind, size, rowwise_only, same_rows, same_scale in r["shards"]:
-            assert (kind, size, rowwise_only, same_rows, same_scale) == ("Float8Tensor", 1, True, True, True)
+            assert (kind, size, rowwise_only, same_rows, same_scale) == (SHARD[recipe], 1, True, True, True)
         for s in r["steps"]:
             assert s["scales_equal"] and s["y_equal"] and s["g_err"] == 0.0, s
-        assert r["wire"] == [["torch.uint8"]] * 4
+        assert r["wire"] == [WIRE[recipe]] * 4
 
 
-def test_fsdp2_fp8_shards_round_trip_through_dcp_on_cuda(tmp_path):
-    for r in run(tmp_path, _world(), "current", "dcp", "cuda"):
-        assert r == {"equal": True, "shard": "Float8Tensor"}
+@pytest.mark.parametrize("recipe", ["current", "block"])
+def test_fsdp2_fp8_shards_round_trip_through_dcp_on_cuda(tmp_path, recipe):
+    for r in run(tmp_path, _world(), recipe, "dcp", "cuda"):
+        assert r == {"equal": True, "shard": SHARD[recipe]}

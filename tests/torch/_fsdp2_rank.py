@@ -3,7 +3,9 @@ ranks as processes of this file; each prints its findings as one JSON line.
 
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
-CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
+RECIPE: current, delayed or block (Float8BlockScaling: 128x128-tile weights whose rows split
+into whole tiles). CASE: train (FSDP2 against one process, both training with fp32 master
+weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
 torch.distributed.checkpoint), high_precision (weights not quantized, DelayedScaling with the amax
 reduced over the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
@@ -18,6 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+
+# each recipe's shard type, and what goes over the wire for each FP8 weight: its bytes, and a
+# tile-scaled shard's scale rows
+SHARD = {"current": "Float8Tensor", "delayed": "Float8Tensor", "block": "Float8BlockwiseQTensor"}
+WIRE = {"current": ["torch.uint8"], "delayed": ["torch.uint8"], "block": ["torch.uint8", "torch.float32"]}
 
 
 def run(tmp_path, world: int, recipe: str, case: str, device: str = "cpu") -> list[dict]:
@@ -44,14 +51,38 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _build(te, seed: int, dev: str):
+def _build(te, seed: int, dev: str, recipe_name: str = "current"):
     torch.manual_seed(seed)
+    if recipe_name == "block":  # every weight's rows a multiple of 256: two shards of whole tiles
+        with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
+            return torch.nn.Sequential(
+                te.LayerNormLinear(64, 256, device=dev),
+                te.Linear(256, 512, device=dev),
+                te.LayerNormMLP(512, 128, activation="swiglu", device=dev),
+            )
     with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
         return torch.nn.Sequential(
             te.LayerNormLinear(64, 32, device=dev),
             te.Linear(32, 48, device=dev),
             te.LayerNormMLP(48, 96, activation="swiglu", device=dev),
         )
+
+
+def _rowwise(t):
+    """(row-wise bytes, their scale, whether the column-wise copy is absent) of an FP8 weight;
+    a tile scale table without its padding columns, which no kernel writes."""
+    if hasattr(t, "_data"):  # Float8Tensor
+        return t._data, t._scale_inv, t._transpose is None
+    tiles = -(-t.shape[-1] // 128)
+    return t._rowwise_data, t._rowwise_scale_inv[:, :tiles], t._columnwise_data is None
+
+
+def _rank_part(te, r, rank: int, world: int):
+    """This rank's part of the unsharded weight ``r``: (its rows' bytes, their scale)."""
+    data, scale, _ = _rowwise(r)
+    if isinstance(r, te.Float8BlockwiseQTensor):  # each shard its own tile rows' scales
+        scale = torch.chunk(scale, world, dim=0)[rank]
+    return torch.chunk(data.view(torch.uint8), world, dim=0)[rank], scale
 
 
 def _trainer(te, model, recipe):
@@ -94,10 +125,10 @@ def _mixed_scales(te, recipe, mesh, rank: int, dev: str) -> dict:
     return {"error": None}
 
 
-def _dcp(te, recipe, mesh, path: str, dev: str) -> dict:
+def _dcp(te, recipe, recipe_name, mesh, path: str, dev: str) -> dict:
     import torch.distributed.checkpoint as dcp
 
-    a, b = _build(te, 0, dev), _build(te, 1, dev)
+    a, b = _build(te, 0, dev, recipe_name), _build(te, 1, dev, recipe_name)
     for m in (*a, *b):
         fully_shard(m, mesh=mesh)
     x = torch.randn(8, 64, device=dev)
@@ -112,8 +143,8 @@ def _dcp(te, recipe, mesh, path: str, dev: str) -> dict:
     return {"equal": equal, "shard": type(_local(b[0].weight)).__name__}
 
 
-def _train(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
-    ref, model = _build(te, 0, dev), _build(te, 0, dev)
+def _train(te, recipe, recipe_name, mesh, rank: int, world: int, dev: str) -> dict:
+    ref, model = _build(te, 0, dev, recipe_name), _build(te, 0, dev, recipe_name)
     for m in model:
         fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -122,10 +153,12 @@ def _train(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
     shards = []
     for p, r in zip(q, ref_q, strict=True):
         s = _local(p)
-        rows = torch.chunk(r._data.view(torch.uint8), world, dim=0)[rank]
-        same_rows = torch.equal(s._data.view(torch.uint8)[: rows.shape[0]], rows)
-        same_scale = torch.equal(s._scale_inv, r._scale_inv)
-        shards.append([type(s).__name__, s._data.element_size(), s._transpose is None, same_rows, same_scale])
+        data, scale, rowwise_only = _rowwise(s)
+        rows, ref_scale = _rank_part(te, r, rank, world)
+        same_rows = torch.equal(data.view(torch.uint8)[: rows.shape[0]], rows)
+        shards.append(
+            [type(s).__name__, data.element_size(), rowwise_only, same_rows, torch.equal(scale, ref_scale)]
+        )
     torch.manual_seed(7)
     steps = []
     for _ in range(3):
@@ -136,7 +169,10 @@ def _train(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
         for g, gr in zip(grads, grads_ref, strict=True):
             piece = torch.chunk(gr, world, dim=0)[rank]
             g_err = max(g_err, (g - piece).abs().max().item() / max(piece.abs().max().item(), 1e-30))
-        scales = all(torch.equal(_local(p)._scale_inv, r._scale_inv) for p, r in zip(q, ref_q, strict=True))
+        scales = all(
+            torch.equal(_rowwise(_local(p))[1], _rank_part(te, r, rank, world)[1])
+            for p, r in zip(q, ref_q, strict=True)
+        )
         steps.append(
             {
                 "y_equal": torch.equal(y, y_ref),
@@ -207,15 +243,19 @@ def main() -> None:
     if dev == "cuda":
         torch.cuda.set_device(rank)
     mesh = dist.device_mesh.init_device_mesh(dev, (world,))
-    recipe = {"current": te.recipe.Float8CurrentScaling(), "delayed": te.recipe.DelayedScaling()}[recipe_name]
+    recipe = {
+        "current": te.recipe.Float8CurrentScaling(),
+        "delayed": te.recipe.DelayedScaling(),
+        "block": te.recipe.Float8BlockScaling(),
+    }[recipe_name]
     if case == "mixed_scales":
         out = _mixed_scales(te, recipe, mesh, rank, dev)
     elif case == "dcp":
-        out = _dcp(te, recipe, mesh, path, dev)
+        out = _dcp(te, recipe, recipe_name, mesh, path, dev)
     elif case == "high_precision":
         out = _high_precision(te, recipe, mesh, rank, world, dev)
     else:
-        out = _train(te, recipe, mesh, rank, world, dev)
+        out = _train(te, recipe, recipe_name, mesh, rank, world, dev)
     print(json.dumps(out))
     dist.destroy_process_group()
 

@@ -5,29 +5,33 @@ same Python with another backend)."""
 
 import pytest
 import torch
-from _fsdp2_rank import run
+from _fsdp2_rank import SHARD, WIRE, run
 
 
 @pytest.mark.parametrize(
     "world, recipe",
-    [(2, "current"), (2, "delayed"), (3, "current")],  # 3: uneven shards (32 / 48 / 96 rows)
+    # 3: uneven shards (32 / 48 / 96 rows); block: 128x128 tiles, two shards of whole tiles each
+    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block")],
 )
 def test_fsdp2_fp8_shards_train_as_one_process(tmp_path, world, recipe):
     ranks = run(tmp_path, world, recipe, "train")
     for r in ranks:
-        # every FP8 weight: a Float8Tensor shard of 1-byte elements, the reference's rows and scale
+        # every FP8 weight: a shard of 1-byte elements in the weight's format, row-wise only, with
+        # the reference's rows and their scale (the weight's one, or its rows' tile scales)
         assert len(r["shards"]) == 4
         for kind, size, rowwise_only, same_rows, same_scale in r["shards"]:
-            assert (kind, size, rowwise_only, same_rows, same_scale) == ("Float8Tensor", 1, True, True, True)
+            assert (kind, size, rowwise_only, same_rows, same_scale) == (SHARD[recipe], 1, True, True, True)
         for s in r["steps"]:
-            assert s["scales_equal"]  # quantize_ on a shard took the whole weight's amax
+            # quantize_ on a shard took the whole weight's amax (per-tensor scales) or quantized
+            # its own tiles as the whole weight does (tile scales)
+            assert s["scales_equal"]
             if world == 2:  # (g + g) / 2 is exact: the gathered weights and outputs are the reference's
                 assert s["y_equal"], s
                 assert s["g_err"] == 0.0, s
             else:  # (g + g + g) / 3 rounds: an ulp apart, which the next steps carry
                 assert s["y_err"] < 1e-6 and s["g_err"] < 1e-6, s
         assert r["steps"][0]["y_equal"]
-        assert r["wire"] == [["torch.uint8"]] * 4  # the FP8 bytes alone, not a high-precision copy
+        assert r["wire"] == [WIRE[recipe]] * 4  # FP8 bytes, not a high-precision copy
 
 
 def test_fsdp2_shards_with_different_scales_fail_on_every_rank(tmp_path):
@@ -68,29 +72,89 @@ def test_float8_row_ops_keep_the_format():
     assert torch.equal(w[1:3], w.dequantize()[1:3])
 
 
-def test_a_block_scaled_weight_split_says_its_shards_are_high_precision(caplog):
+def test_block_row_ops_keep_the_format_at_tile_boundaries():
+    # fully_shard's ops on a 128x128-tile weight, on one process: pieces of whole tiles stay FP8
+    import te_torch as te
+
+    with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
+        m = te.Linear(200, 512)  # K = 200: two tile columns, the second partial
+    w = m.weight
+    pieces = torch.chunk(w, 2, dim=0)
+    assert all(type(p) is type(w) and p._columnwise_data is None for p in pieces)
+    assert [tuple(p._rowwise_scale_inv.shape) for p in pieces] == [(2, 4), (2, 4)]
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
+    assert type(torch.chunk(w, 4, dim=0)[3]) is type(w)  # 128 rows each: one tile row
+    # a piece of a tensor with a column-wise copy is a copy: writes stay in it
+    pieces[0].quantize_(torch.zeros(256, 200))
+    assert w.dequantize()[:256].abs().max() > 0
+    padded = w.new_zeros((256, 200))
+    assert type(padded) is type(w) and padded._rowwise_data.dtype == w._rowwise_data.dtype
+    padded.narrow(0, 0, 256).copy_(pieces[1])
+    assert torch.equal(padded.dequantize(), w.dequantize()[256:])
+    # FSDP2's flat view of a shard: the same parts, values in the flat order
+    flat = padded.view(-1)
+    assert type(flat) is type(w) and flat.shape == (256 * 200,)
+    assert flat._rowwise_data.data_ptr() == padded._rowwise_data.data_ptr()
+    assert torch.equal(flat.dequantize(), padded.dequantize().view(-1))
+    # quantizing through the flat view or a shard gives the whole weight's tiles: tiles are local
+    x = torch.randn(512, 200)
+    whole = te.Float8BlockQuantizer(torch.float8_e4m3fn)(x).dequantize()
+    flat.quantize_(x[256:].reshape(-1))
+    pieces[0].quantize_(x[:256])
+    assert torch.equal(padded.dequantize(), whole[256:]) and torch.equal(pieces[0].dequantize(), whole[:256])
+    # a slice of tile rows is a view: writing it writes the parent
+    rows = padded[128:]
+    assert type(rows) is type(w) and torch.equal(rows.dequantize(), whole[384:])
+    rows.quantize_(torch.zeros(128, 200))
+    assert torch.equal(padded.dequantize()[128:], torch.zeros(128, 200))
+    # the unsharded weight FSDP2 makes with as_strided: the tensor itself
+    same = torch.as_strided(w, (512, 200), (200, 1))
+    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
+    # a view keeping the last dim keeps both copies
+    v = w.view(2, 256, 200)
+    assert type(v) is type(w) and torch.equal(v.dequantize(), w.dequantize().view(2, 256, 200))
+    # a row inside a tile or a cut through one: high precision
+    assert type(padded[1:3]) is torch.Tensor and torch.equal(padded[1:3], padded.dequantize()[1:3])
+    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 3, dim=0))
+
+
+@pytest.mark.parametrize(
+    "recipe, kwargs, rows, shards",
+    [
+        ("Float8BlockScaling", {}, 576, 3),  # 192 rows a shard: a cut through a tile
+        ("Float8BlockScaling", {"w_block_scaling_dim": 1}, 256, 2),  # 1x128 blocks
+        ("MXFP8BlockScaling", {}, 256, 2),
+    ],
+)
+def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, recipe, kwargs, rows, shards):
     import logging
 
     import te_torch as te
     from te_torch import _info_once
 
-    _info_once.told.discard("split:Float8BlockwiseQTensor")
-    with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
-        m = te.Linear(128, 256)
+    with te.quantized_model_init(recipe=getattr(te.recipe, recipe)(**kwargs)):
+        m = te.Linear(128, rows)
+    name = type(m.weight).__name__
+    _info_once.told.discard(f"split:{name}")
     with caplog.at_level(logging.INFO, logger="te"):
-        pieces = torch.chunk(m.weight, 2, dim=0)
-        torch.chunk(m.weight, 2, dim=0)
+        pieces = torch.chunk(m.weight, shards, dim=0)
+        torch.chunk(m.weight, shards, dim=0)
     assert all(type(p) is torch.Tensor for p in pieces)
     assert torch.equal(torch.cat(pieces), m.weight.dequantize())
     said = [r.getMessage() for r in caplog.records if "was split" in r.getMessage()]
-    assert len(said) == 1 and "Float8BlockwiseQTensor parameter" in said[0] and "only Float8Tensor" in said[0]
+    assert len(said) == 1 and f"{name} parameter" in said[0], said
+    if name == "Float8BlockwiseQTensor":
+        assert "only with 128x128 tiles" in said[0] and "multiple of 128 rows" in said[0]
+    else:
+        assert "128x128-tile Float8BlockwiseQTensor weights" in said[0]
 
 
-def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path):
+@pytest.mark.parametrize("recipe", ["current", "block"])
+def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
     # torch.distributed.checkpoint saves the sharded FP8 weights and loads them into a model
     # built from other weights, which then computes the saved model's outputs bit for bit
-    for r in run(tmp_path, 2, "current", "dcp"):
-        assert r == {"equal": True, "shard": "Float8Tensor"}
+    for r in run(tmp_path, 2, recipe, "dcp"):
+        assert r == {"equal": True, "shard": SHARD[recipe]}
 
 
 def test_fsdp2_high_precision_weights_reduce_the_amax_as_one_process(tmp_path):

@@ -13,6 +13,10 @@ cuBLASLt's block-scaled GEMM reads); the padding is never written or read. The 1
 copy has its own 128x1 blocks along the original columns, quantized from the high-precision
 source, so it cannot be made from the row-wise copy; with 128x128 tiles it can (an exact
 transpose of the data and of the tile scales).
+
+A view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard) keeps the
+row-wise copy in its [..., K] shape: the parts' geometry is then ``_matrix_shape``, not the
+view's shape, and dequantize / quantize_ go through it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from __future__ import annotations
 import torch
 from te_core import _C
 
-from te_torch import _kernels
+from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, is_eager
+from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
 
 _BLOCK_1D = int(_C.ScalingMode.BLOCK_1D)
 _BLOCK_2D = int(_C.ScalingMode.BLOCK_2D)
@@ -42,6 +46,11 @@ class Float8BlockwiseQTensor(QuantizedTensor):
     _fp8_dtype: torch.dtype
     _is_2D_scaled: bool
     _quantizer: object
+    _SPLIT_KEEPS_FP8 = (
+        "Float8BlockwiseQTensor pieces stay FP8 only with 128x128 tiles (Float8BlockScaling's "
+        "w_block_scaling_dim=2) split along dim 0 into equal pieces of a multiple of 128 rows: "
+        "under FSDP2, a weight whose rows are the shard count x a multiple of 128"
+    )
 
     def __new__(
         cls,
@@ -73,6 +82,12 @@ class Float8BlockwiseQTensor(QuantizedTensor):
         self._is_2D_scaled = is_2D_scaled
         self._quantizer = quantizer
         return self
+
+    @property
+    def _matrix_shape(self) -> torch.Size:
+        """The shape the parts encode: the row-wise copy's, which a flat view keeps."""
+        rd = self._rowwise_data
+        return rd.shape if rd is not None else self.shape
 
     @property
     def _mode(self) -> int:
@@ -116,9 +131,12 @@ class Float8BlockwiseQTensor(QuantizedTensor):
         self.shape. Reads the row-wise copy if present, else the column-wise one."""
         dtype = self.dtype if dtype is None else dtype
         rd, rs, cd, cs = self._parts()
+        shape = self._matrix_shape
         if is_eager(rd if rd is not None else cd):
-            return _kernels.dequantize(rd, rs, cd, cs, self._mode, self.shape, dtype)
-        return torch.ops.te.dequantize(rd, rs, cd, cs, self._mode, list(self.shape), dtype)
+            out = _kernels.dequantize(rd, rs, cd, cs, self._mode, shape, dtype)
+        else:
+            out = torch.ops.te.dequantize(rd, rs, cd, cs, self._mode, list(shape), dtype)
+        return out if shape == self.shape else out.view(self.shape)
 
     def quantize_(self, src: torch.Tensor) -> Float8BlockwiseQTensor:
         """Quantizes ``src`` into this tensor in place with its quantizer (a Float8BlockQuantizer
@@ -130,6 +148,10 @@ class Float8BlockwiseQTensor(QuantizedTensor):
             quantizer = Float8BlockQuantizer(
                 self._fp8_dtype, block_scaling_dim=2 if self._is_2D_scaled else 1
             )
+        if self._matrix_shape != self.shape:  # a flat view: quantize the rows it holds
+            src = torch.broadcast_to(src, self.shape).reshape(self._matrix_shape)
+            quantizer.update_quantized(src, _with_shape(self, self._matrix_shape))
+            return self
         quantizer.update_quantized(src, self)
         return self
 
@@ -167,20 +189,34 @@ class Float8BlockwiseQTensor(QuantizedTensor):
         if not want_col:
             self._columnwise_data = self._columnwise_scale_inv = None
 
-    def _transposed_2d(self, data, scale_inv, part):
+    def _transposed_2d(self, data, scale_inv, part, out=(None, None)):
         # 128x128 tiles: the other copy is the data transposed, with tile scales transposed
-        # into the other padded layout (padding left unwritten, as the kernels do).
-        data_t = _kernels.transpose(data) if is_eager(data) else torch.ops.te.transpose(data)
-        shape = tuple(_C.quantized_shape(_BLOCK_2D, part, tuple(self.shape)))
-        k = self.shape[-1] if self.dim() else 1
+        # into the other padded layout (padding left unwritten, as the kernels do); ``out``:
+        # write them into that copy's existing tensors.
+        out_data, out_scale = out
+        if is_eager(data):
+            data_t = _kernels.transpose(data, out_data)
+        else:
+            data_t = torch.ops.te.transpose(data)
+        matrix = tuple(self._matrix_shape)
+        k = matrix[-1] if matrix else 1
         m = self.numel() // k if k else 0
         mb, kb = -(-m // _BLOCK), -(-k // _BLOCK)
         rows, cols = (kb, mb) if part == _PART_CS else (mb, kb)
-        out = scale_inv.new_empty(shape)
-        out[:rows, :cols] = scale_inv[:cols, :rows].t()
-        return data_t, out
+        if out_scale is None:
+            out_scale = scale_inv.new_empty(tuple(_C.quantized_shape(_BLOCK_2D, part, matrix)))
+        out_scale[:rows, :cols] = scale_inv[:cols, :rows].t()
+        return data_t, out_scale
 
     # -- torch integration ----------------------------------------------------------------------
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """FSDP2's all-gather extension: the shard's FP8 bytes and tile scales (te_torch._fsdp)."""
+        return _fsdp.block_pre_all_gather(self, mesh, outer_size)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded weight from the gathered bytes and scales (te_torch._fsdp)."""
+        return _fsdp.block_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
         def shape_of(t):
@@ -246,4 +282,140 @@ def _rebuild_blockwise_tensor(shape, dtype, fp8_dtype, rd, rs, cd, cs, is_2d, re
     )
 
 
-Float8BlockwiseQTensor._HANDLERS = INNER_HANDLERS
+def _with_shape(t: Float8BlockwiseQTensor, shape) -> Float8BlockwiseQTensor:
+    return Float8BlockwiseQTensor(
+        shape=shape,
+        dtype=t.dtype,
+        fp8_dtype=t._fp8_dtype,
+        rowwise_data=t._rowwise_data,
+        rowwise_scale_inv=t._rowwise_scale_inv,
+        columnwise_data=t._columnwise_data,
+        columnwise_scale_inv=t._columnwise_scale_inv,
+        is_2D_scaled=t._is_2D_scaled,
+        quantizer=t._quantizer,
+    )
+
+
+# -- natively implemented ops ---------------------------------------------------------------------
+# FSDP2 shards a 128x128-tile weight by rows with split, new_zeros, narrow (-> slice), view and
+# as_strided. Whole tiles keep the format: a piece of 128 x n rows is its rows' bytes and its
+# tile rows' scales (a row range of the row-wise scale table). The pieces are row-wise only (a
+# view cannot also slice the column-wise copy), so of a tensor that has that copy, split gives
+# copies and slice takes the fallback (dequantized).
+
+
+def _rows(t: Float8BlockwiseQTensor, rd: torch.Tensor, rs: torch.Tensor) -> Float8BlockwiseQTensor:
+    return Float8BlockwiseQTensor(
+        shape=rd.shape,
+        dtype=t.dtype,
+        fp8_dtype=t._fp8_dtype,
+        rowwise_data=rd,
+        rowwise_scale_inv=rs,
+        columnwise_data=None,
+        columnwise_scale_inv=None,
+        is_2D_scaled=True,
+        quantizer=t._quantizer,
+    )
+
+
+def _tile_rows(t: Float8BlockwiseQTensor, dim: int) -> bool:
+    """Whether ``t`` is a 2-D row-wise 128x128-tile matrix cut along its rows (``dim`` 0)."""
+    return (
+        t._is_2D_scaled
+        and t._rowwise_data is not None
+        and t.dim() == 2
+        and t._matrix_shape == t.shape
+        and dim % 2 == 0
+    )
+
+
+def _view(func, args, kwargs):
+    # Keeping the last dim keeps the layout of every part (M = numel / K rows either way);
+    # another last dim is a flat view over the unchanged parts (the module docstring).
+    t, size = args[0], args[1]
+    rd = t._rowwise_data
+    if rd is None:
+        return NotImplemented
+    v = func(rd, size)
+    if v.dim() and v.shape[-1] == rd.shape[-1]:
+        rd = v
+    return Float8BlockwiseQTensor(
+        shape=v.shape,
+        dtype=t.dtype,
+        fp8_dtype=t._fp8_dtype,
+        rowwise_data=rd,
+        rowwise_scale_inv=t._rowwise_scale_inv,
+        columnwise_data=t._columnwise_data,
+        columnwise_scale_inv=t._columnwise_scale_inv,
+        is_2D_scaled=t._is_2D_scaled,
+        quantizer=t._quantizer,
+    )
+
+
+def _split(func, args, kwargs):
+    t, how = args[0], args[1]
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    m = t.shape[0] if t.dim() else 0
+    sizes = [how] * (-(-m // how)) if isinstance(how, int) else list(how)
+    even = len(set(sizes)) == 1 and sum(sizes) == m and sizes[0] % _BLOCK == 0
+    if not _tile_rows(t, dim) or not even:
+        return NotImplemented
+    per = sizes[0] // _BLOCK
+    rd, rs = t._rowwise_data, t._rowwise_scale_inv
+    pieces = [(rd[i * sizes[0] : (i + 1) * sizes[0]], rs[i * per : (i + 1) * per]) for i in range(len(sizes))]
+    if t._columnwise_data is not None:
+        pieces = [(d.clone(), s.clone()) for d, s in pieces]
+    return [_rows(t, d, s) for d, s in pieces]
+
+
+def _slice(func, args, kwargs):
+    t = args[0]
+    dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
+    step = kwargs.get("step", step)
+    if not _tile_rows(t, dim) or t._columnwise_data is not None or step != 1:
+        return NotImplemented
+    m = t.shape[0]
+    start, end, _ = slice(start, end).indices(m)
+    if start % _BLOCK:
+        return NotImplemented
+    end = max(end, start)
+    rs = t._rowwise_scale_inv[start // _BLOCK : -(-end // _BLOCK)]
+    return _rows(t, t._rowwise_data[start:end], rs)
+
+
+def _as_strided(func, args, kwargs):
+    # FSDP2's unsharded weight over its gathered parts: the whole tensor, as it is
+    t = args[0]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+    rd = t._rowwise_data
+    whole = (
+        rd is not None
+        and t._matrix_shape == t.shape
+        and tuple(args[1]) == tuple(t.shape)
+        and tuple(args[2]) == rd.stride()
+        and not offset
+        and rd.storage_offset() == 0
+    )
+    return t._like(*t._parts()) if whole else NotImplemented
+
+
+def _new_zeros(func, args, kwargs):
+    t, size = args[0], tuple(args[1])
+    if not _tile_rows(t, 0) or len(size) != 2 or kwargs.get("dtype") not in (None, t.dtype):
+        return NotImplemented
+    device = kwargs.get("device") or t.device
+    rd = torch.zeros(size, dtype=t._rowwise_data.dtype, device=device)
+    rs_shape = tuple(_C.quantized_shape(_BLOCK_2D, _PART_RS, size))
+    return _rows(t, rd, torch.zeros(rs_shape, dtype=torch.float32, device=device))
+
+
+Float8BlockwiseQTensor._HANDLERS = {
+    **INNER_HANDLERS,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
+    aten.slice.Tensor: _slice,
+    aten.as_strided.default: _as_strided,
+    aten.new_zeros.default: _new_zeros,
+}

@@ -28,6 +28,7 @@ class Float8Tensor(QuantizedTensor):
     _scale_inv: torch.Tensor
     _fp8_dtype: torch.dtype
     _quantizer: object
+    _SPLIT_KEEPS_FP8 = "Float8Tensor pieces stay FP8 when split along dim 0 with a row-wise copy"
 
     def __new__(
         cls,

@@ -1,4 +1,4 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``) over te's per-tensor FP8 weights.
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) over te's FP8 weights.
 
 A ``Float8Tensor`` parameter (``te.quantized_model_init`` under DelayedScaling or
 Float8CurrentScaling) is sharded by row: each rank keeps its rows' FP8 bytes and the one
@@ -12,6 +12,12 @@ re-quantized with ``quantize_`` (the master-weights step) takes the amax of the 
 shard's amax all-reduced (MAX) over the FSDP group. The group becomes known at the weight's first
 all-gather, which also checks once that every rank holds the same scale (a shard quantized on its
 own before it: a clear error on every rank, not silently mixed bytes).
+
+A 128x128-tile ``Float8BlockwiseQTensor`` weight (Float8BlockScaling) whose shards are whole
+tiles (rows = shard count x a multiple of 128) is sharded the same way, each shard with its tile
+rows' scales, which go over the wire beside the bytes. Its tiles are each shard's own, so a shard
+re-quantizes alone exactly as the whole weight would. Other shard sizes, and the other formats,
+are split to high precision (INFO once, from the split).
 """
 
 from __future__ import annotations
@@ -48,13 +54,17 @@ def _check_one_scale(t, group) -> None:
         )
 
 
+def _need_rowwise(t, rowwise_data) -> None:
+    if rowwise_data is None:
+        raise RuntimeError(
+            f"FSDP2 all-gather of a te {type(t).__name__} weight: the shard has no row-wise "
+            "copy; restore it with update_usage(rowwise_usage=True)"
+        )
+
+
 def pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
     """fsdp_pre_all_gather: the shard's row-wise bytes (uint8, which every backend gathers)."""
-    if t._data is None:
-        raise RuntimeError(
-            "FSDP2 all-gather of a te Float8Tensor weight: the shard has no row-wise copy; "
-            "restore it with update_usage(rowwise_usage=True)"
-        )
+    _need_rowwise(t, t._data)
     if t._scale_inv not in _GROUPS:
         group = mesh.get_group()
         _check_one_scale(t, group)
@@ -88,6 +98,42 @@ def post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype
     )
     # FSDP frees and re-allocates these around each reshard; the gathered bytes are its own
     return full, (transpose,)
+
+
+def block_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
+    """fsdp_pre_all_gather of a 128x128-tile shard (whole tiles, equal on every rank): its
+    row-wise bytes (uint8) and its tile rows' scales (fp32 [rows / 128, R(ceil(K / 128), 4)])."""
+    _need_rowwise(t, t._rowwise_data)
+    return (t._rowwise_data.view(torch.uint8), t._rowwise_scale_inv), (t._fp8_dtype, outer_size)
+
+
+def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
+    """fsdp_post_all_gather of a 128x128-tile weight: the shards' rows and tile rows stacked are
+    the whole weight's row-wise copy; its column-wise copy is their exact transpose."""
+    from te_torch._blockwise_tensor import _PART_CS, Float8BlockwiseQTensor
+
+    fp8_dtype, outer_size = metadata
+    if out is not None:  # its row-wise parts are the re-gathered outputs already
+        out._transposed_2d(
+            out._rowwise_data,
+            out._rowwise_scale_inv,
+            _PART_CS,
+            out=(out._columnwise_data, out._columnwise_scale_inv),
+        )
+        return None
+    data, scale_inv = outputs
+    full = Float8BlockwiseQTensor(
+        shape=outer_size,
+        dtype=param_dtype,
+        fp8_dtype=fp8_dtype,
+        rowwise_data=data.view(fp8_dtype).view(outer_size),
+        rowwise_scale_inv=scale_inv,
+        columnwise_data=None,
+        columnwise_scale_inv=None,
+        is_2D_scaled=True,
+    )
+    full.update_usage(columnwise_usage=True)
+    return full, (full._columnwise_data, full._columnwise_scale_inv)
 
 
 def reduced_amax(src: torch.Tensor, group) -> torch.Tensor:

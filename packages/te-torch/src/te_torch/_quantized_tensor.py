@@ -36,6 +36,12 @@ class QuantizedTensor(torch.Tensor):
 
     # ops a subclass implements natively: {aten overload: handler(func, args, kwargs)}
     _HANDLERS: dict[Any, Callable] = {}
+    # when a split parameter's pieces keep the format (the INFO of one that does not says it)
+    _SPLIT_KEEPS_FP8 = (
+        "only Float8Tensor weights (DelayedScaling or Float8CurrentScaling under "
+        "te.quantized_model_init) and 128x128-tile Float8BlockwiseQTensor weights "
+        "(Float8BlockScaling) stay FP8 when sharded"
+    )
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -102,8 +108,7 @@ def dequantize_fallback(func, args, kwargs):
         info_once(
             f"split:{name}",
             f"a {name} parameter was split (as FSDP2's fully_shard shards one): its pieces "
-            "are high precision, so its shards are too; only Float8Tensor weights (DelayedScaling "
-            "or Float8CurrentScaling under te.quantized_model_init) stay FP8 when sharded",
+            f"are high precision, so its shards are too; {type(args[0])._SPLIT_KEEPS_FP8}",
         )
     written = {id(v) for v in _mutated_values(func, args, kwargs) if isinstance(v, QuantizedTensor)}
     back: list[tuple[QuantizedTensor, torch.Tensor]] = []
