@@ -3,8 +3,8 @@ ranks as processes of this file; each prints its findings as one JSON line.
 
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
-RECIPE: current, delayed or block (Float8BlockScaling: 128x128-tile weights whose rows split
-into whole tiles). CASE: train (FSDP2 against one process, both training with fp32 master
+RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose rows split into
+whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks). CASE: train (FSDP2 against one process, both training with fp32 master
 weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
 torch.distributed.checkpoint), high_precision (weights not quantized, DelayedScaling with the amax
@@ -23,8 +23,18 @@ from torch.distributed.tensor import DTensor
 
 # each recipe's shard type, and what goes over the wire for each FP8 weight: its bytes, and a
 # tile-scaled shard's scale rows
-SHARD = {"current": "Float8Tensor", "delayed": "Float8Tensor", "block": "Float8BlockwiseQTensor"}
-WIRE = {"current": ["torch.uint8"], "delayed": ["torch.uint8"], "block": ["torch.uint8", "torch.float32"]}
+SHARD = {
+    "current": "Float8Tensor",
+    "delayed": "Float8Tensor",
+    "block": "Float8BlockwiseQTensor",
+    "mxfp8": "MXFP8Tensor",
+}
+WIRE = {
+    "current": ["torch.uint8"],
+    "delayed": ["torch.uint8"],
+    "block": ["torch.uint8", "torch.float32"],
+    "mxfp8": ["torch.uint8"] * 4,  # both copies (the column-wise one is no transpose) and scales
+}
 
 
 def run(tmp_path, world: int, recipe: str, case: str, device: str = "cpu") -> list[dict]:
@@ -60,6 +70,13 @@ def _build(te, seed: int, dev: str, recipe_name: str = "current"):
                 te.Linear(256, 512, device=dev),
                 te.LayerNormMLP(512, 128, activation="swiglu", device=dev),
             )
+    if recipe_name == "mxfp8":  # every weight's rows a multiple of 64: two shards of whole blocks
+        with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
+            return torch.nn.Sequential(
+                te.LayerNormLinear(64, 64, device=dev),
+                te.Linear(64, 128, device=dev),
+                te.LayerNormMLP(128, 64, activation="swiglu", device=dev),
+            )
     with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
         return torch.nn.Sequential(
             te.LayerNormLinear(64, 32, device=dev),
@@ -73,14 +90,17 @@ def _rowwise(t):
     a tile scale table without its padding columns, which no kernel writes."""
     if hasattr(t, "_data"):  # Float8Tensor
         return t._data, t._scale_inv, t._transpose is None
-    tiles = -(-t.shape[-1] // 128)
-    return t._rowwise_data, t._rowwise_scale_inv[:, :tiles], t._columnwise_data is None
+    if hasattr(t, "_is_2D_scaled"):  # 128x128 tiles: a row of scales per 128 rows
+        scale = t._rowwise_scale_inv[:, : -(-t.shape[-1] // 128)]
+    else:  # MXFP8: a row of scales per row, one per 32 elements
+        scale = t._rowwise_scale_inv[: t.shape[0], : -(-t.shape[-1] // 32)]
+    return t._rowwise_data, scale, t._columnwise_data is None
 
 
 def _rank_part(te, r, rank: int, world: int):
     """This rank's part of the unsharded weight ``r``: (its rows' bytes, their scale)."""
     data, scale, _ = _rowwise(r)
-    if isinstance(r, te.Float8BlockwiseQTensor):  # each shard its own tile rows' scales
+    if not isinstance(r, te.Float8Tensor):  # each shard its own rows' block scales
         scale = torch.chunk(scale, world, dim=0)[rank]
     return torch.chunk(data.view(torch.uint8), world, dim=0)[rank], scale
 
@@ -131,7 +151,7 @@ def _dcp(te, recipe, recipe_name, mesh, path: str, dev: str) -> dict:
     a, b = _build(te, 0, dev, recipe_name), _build(te, 1, dev, recipe_name)
     for m in (*a, *b):
         fully_shard(m, mesh=mesh)
-    x = torch.randn(8, 64, device=dev)
+    x = torch.randn(32, 64, device=dev)  # MXFP8: whole 32-row blocks
     with te.autocast(recipe=recipe):
         y = a(x)
     dcp.save(a.state_dict(), checkpoint_id=path + ".ckpt")
@@ -162,7 +182,7 @@ def _train(te, recipe, recipe_name, mesh, rank: int, world: int, dev: str) -> di
     torch.manual_seed(7)
     steps = []
     for _ in range(3):
-        x = torch.randn(16, 64, device=dev)  # the same batch on every rank: FSDP's mean of grads is exact
+        x = torch.randn(32, 64, device=dev)  # the same batch on every rank: FSDP's mean of grads is exact
         y, grads = step(x)
         y_ref, grads_ref = ref_step(x)
         g_err = 0.0
@@ -247,6 +267,7 @@ def main() -> None:
         "current": te.recipe.Float8CurrentScaling(),
         "delayed": te.recipe.DelayedScaling(),
         "block": te.recipe.Float8BlockScaling(),
+        "mxfp8": te.recipe.MXFP8BlockScaling(),
     }[recipe_name]
     if case == "mixed_scales":
         out = _mixed_scales(te, recipe, mesh, rank, dev)

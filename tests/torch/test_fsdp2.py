@@ -10,20 +10,23 @@ from _fsdp2_rank import SHARD, WIRE, run
 
 @pytest.mark.parametrize(
     "world, recipe",
-    # 3: uneven shards (32 / 48 / 96 rows); block: 128x128 tiles, two shards of whole tiles each
-    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block")],
+    # 3: uneven shards (32 / 48 / 96 rows); block: 128x128 tiles, two shards of whole tiles each;
+    # mxfp8: two shards of whole 32-row blocks each
+    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block"), (2, "mxfp8")],
 )
 def test_fsdp2_fp8_shards_train_as_one_process(tmp_path, world, recipe):
     ranks = run(tmp_path, world, recipe, "train")
     for r in ranks:
-        # every FP8 weight: a shard of 1-byte elements in the weight's format, row-wise only, with
-        # the reference's rows and their scale (the weight's one, or its rows' tile scales)
+        # every FP8 weight: a shard of 1-byte elements in the weight's format, row-wise only (MXFP8:
+        # both copies, its column-wise one being no transpose), with the reference's rows and
+        # their scale (the weight's one, or its rows' block scales)
         assert len(r["shards"]) == 4
-        for kind, size, rowwise_only, same_rows, same_scale in r["shards"]:
-            assert (kind, size, rowwise_only, same_rows, same_scale) == (SHARD[recipe], 1, True, True, True)
+        rowwise_only = recipe != "mxfp8"
+        for shard in r["shards"]:
+            assert shard == [SHARD[recipe], 1, rowwise_only, True, True]
         for s in r["steps"]:
             # quantize_ on a shard took the whole weight's amax (per-tensor scales) or quantized
-            # its own tiles as the whole weight does (tile scales)
+            # its own blocks as the whole weight does (block scales)
             assert s["scales_equal"]
             if world == 2:  # (g + g) / 2 is exact: the gathered weights and outputs are the reference's
                 assert s["y_equal"], s
@@ -118,12 +121,49 @@ def test_block_row_ops_keep_the_format_at_tile_boundaries():
     assert all(type(p) is torch.Tensor for p in torch.chunk(w, 3, dim=0))
 
 
+def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
+    # fully_shard's ops on an MXFP8 weight: pieces of whole 32-row blocks are MXFP8 tensors of
+    # their own, both copies (the column-wise copy's columns, its scale table re-padded)
+    import te_torch as te
+
+    with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
+        m = te.Linear(200, 192)  # K = 200: 7 blocks of 32 a row, the last partial
+    w = m.weight
+
+    def columnwise(t):  # the tensor as its column-wise copy alone sees it
+        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
+
+    pieces = torch.chunk(w, 3, dim=0)  # 64 rows each: neither scale table's padding multiple
+    assert all(type(p) is type(w) for p in pieces)
+    assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 64)] * 3
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
+    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
+    padded = w.new_zeros((64, 200))
+    padded.narrow(0, 0, 64).copy_(pieces[1])
+    assert torch.equal(padded.dequantize(), w.dequantize()[64:128])
+    flat = padded.view(-1)
+    assert type(flat) is type(w) and flat.shape == (64 * 200,)
+    assert torch.equal(flat.dequantize(), padded.dequantize().view(-1))
+    # quantizing through the flat view gives the whole weight's blocks: blocks are local
+    x = torch.randn(192, 200)
+    whole = te.MXFP8Quantizer(torch.float8_e4m3fn)(x)
+    flat.quantize_(x[64:128].reshape(-1))
+    assert torch.equal(padded.dequantize(), whole.dequantize()[64:128])
+    assert torch.equal(columnwise(padded), columnwise(whole)[64:128])
+    same = torch.as_strided(w, (192, 200), (200, 1))
+    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
+    # a row range off the whole tensor, or pieces cutting a block: high precision
+    assert type(w[32:64]) is torch.Tensor and torch.equal(w[32:64], w.dequantize()[32:64])
+    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))
+
+
 @pytest.mark.parametrize(
     "recipe, kwargs, rows, shards",
     [
         ("Float8BlockScaling", {}, 576, 3),  # 192 rows a shard: a cut through a tile
         ("Float8BlockScaling", {"w_block_scaling_dim": 1}, 256, 2),  # 1x128 blocks
-        ("MXFP8BlockScaling", {}, 256, 2),
+        ("MXFP8BlockScaling", {}, 96, 2),  # 48 rows a shard: a cut through a 32-row block
+        ("NVFP4BlockScaling", {}, 256, 2),
     ],
 )
 def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, recipe, kwargs, rows, shards):
@@ -143,13 +183,18 @@ def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, reci
     assert torch.equal(torch.cat(pieces), m.weight.dequantize())
     said = [r.getMessage() for r in caplog.records if "was split" in r.getMessage()]
     assert len(said) == 1 and f"{name} parameter" in said[0], said
-    if name == "Float8BlockwiseQTensor":
-        assert "only with 128x128 tiles" in said[0] and "multiple of 128 rows" in said[0]
-    else:
-        assert "128x128-tile Float8BlockwiseQTensor weights" in said[0]
+    rule = {
+        "Float8BlockwiseQTensor": "only with 128x128 tiles (Float8BlockScaling's w_block_scaling_dim=2) "
+        "split along dim 0 into equal pieces of a multiple of 128 rows",
+        "MXFP8Tensor": "MXFP8Tensor pieces stay MXFP8 when split along dim 0 into equal pieces of a "
+        "multiple of 32 rows",
+        "NVFP4Tensor": "128x128-tile Float8BlockwiseQTensor weights (Float8BlockScaling) and "
+        "MXFP8Tensor weights stay quantized",
+    }[name]
+    assert rule in said[0], said
 
 
-@pytest.mark.parametrize("recipe", ["current", "block"])
+@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8"])
 def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
     # torch.distributed.checkpoint saves the sharded FP8 weights and loads them into a model
     # built from other weights, which then computes the saved model's outputs bit for bit

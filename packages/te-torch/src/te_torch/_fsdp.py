@@ -16,8 +16,11 @@ own before it: a clear error on every rank, not silently mixed bytes).
 A 128x128-tile ``Float8BlockwiseQTensor`` weight (Float8BlockScaling) whose shards are whole
 tiles (rows = shard count x a multiple of 128) is sharded the same way, each shard with its tile
 rows' scales, which go over the wire beside the bytes. Its tiles are each shard's own, so a shard
-re-quantizes alone exactly as the whole weight would. Other shard sizes, and the other formats,
-are split to high precision (INFO once, from the split).
+re-quantizes alone exactly as the whole weight would. An ``MXFP8Tensor`` weight whose shards are
+whole 32-row blocks likewise, with both copies (the column-wise one is its own quantization, not
+a transpose): after the gather, the shards' column-wise pieces [K, rows] are laid side by side
+into the weight's [K, M]. Other shard sizes, and NVFP4, are split to high precision (INFO once,
+from the split).
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch
             out._rowwise_data,
             out._rowwise_scale_inv,
             _PART_CS,
-            out=(out._columnwise_data, out._columnwise_scale_inv),
+            out=(out._columnwise_data, out._columnwise_scale_inv.data),  # .data: as _side_by_side
         )
         return None
     data, scale_inv = outputs
@@ -134,6 +137,66 @@ def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch
     )
     full.update_usage(columnwise_usage=True)
     return full, (full._columnwise_data, full._columnwise_scale_inv)
+
+
+def mx_pre_all_gather(t, outer_size: torch.Size) -> tuple:
+    """fsdp_pre_all_gather of an MXFP8 shard (whole 32-row blocks, equal on every rank): each
+    copy's bytes (uint8) and the valid rows of its E8M0 scale table (padding columns kept)."""
+    _need_rowwise(t, t._rowwise_data)
+    rd, rs, cd, cs = t._parts()
+    rows, k = t.shape
+    inputs = [rd.view(torch.uint8), rs[:rows]]
+    if cd is not None:
+        inputs += [cd.view(torch.uint8), cs[:k]]
+    return tuple(inputs), (t._fp8_dtype, t._with_2d_quantization, outer_size, rows)
+
+
+def _side_by_side(gathered: torch.Tensor, k: int, cols: int, out: torch.Tensor) -> None:
+    """[W x k, c] gathered rank by rank (rank r's [k, c] piece, its first ``cols`` columns
+    valid) -> out[:k, :W x cols]: the ranks' pieces side by side."""
+    world = gathered.shape[0] // k
+    pieces = gathered.view(world, k, -1)[:, :, :cols]
+    # through .data: a refill must not bump the version autograd saved the copy at (a te layer's
+    # backward reads the weight's column-wise copy FSDP re-gathered, identical, after a reshard)
+    out.data[:k, : world * cols].view(k, world, cols).copy_(pieces.transpose(0, 1))
+
+
+def mx_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
+    """fsdp_post_all_gather of an MXFP8 weight: the gathered row-wise bytes are the weight's
+    (its scale table too when M is a multiple of 128, else re-padded); the column-wise pieces
+    are laid side by side into the weight's own [K, M] copy and its scale table."""
+    from te_torch._mx_tensor import _MX_BLOCK, _PART_CS, _PART_RS, MXFP8Tensor, _mx_part_shape
+
+    fp8_dtype, tiles, outer_size, rows = metadata
+    m, k = outer_size
+    full, own = out, []
+    if full is None:
+        rs = outputs[1]
+        if rs.shape[0] != _mx_part_shape(_PART_RS, outer_size)[0]:
+            rs = rs.new_empty(_mx_part_shape(_PART_RS, outer_size))
+            own.append(rs)
+        cd = cs = None
+        if len(outputs) > 2:
+            cd = torch.empty((k, m), dtype=fp8_dtype, device=rs.device)
+            cs = rs.new_empty(_mx_part_shape(_PART_CS, outer_size))
+            own += [cd, cs]
+        full = MXFP8Tensor(
+            shape=outer_size,
+            dtype=param_dtype,
+            fp8_dtype=fp8_dtype,
+            rowwise_data=outputs[0].view(fp8_dtype).view(outer_size),
+            rowwise_scale_inv=rs,
+            columnwise_data=cd,
+            columnwise_scale_inv=cs,
+            with_2d_quantization=tiles,
+        )
+    if full._rowwise_scale_inv.data_ptr() != outputs[1].data_ptr():
+        full._rowwise_scale_inv.data[:m].copy_(outputs[1])
+    if len(outputs) > 2:
+        _side_by_side(outputs[2], k, rows, full._columnwise_data.view(torch.uint8))
+        _side_by_side(outputs[3], k, rows // _MX_BLOCK, full._columnwise_scale_inv)
+    # FSDP frees and re-allocates these around each reshard; the gathered bytes are its own
+    return None if out is not None else (full, tuple(own))
 
 
 def reduced_amax(src: torch.Tensor, group) -> torch.Tensor:

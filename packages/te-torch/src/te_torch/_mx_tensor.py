@@ -23,6 +23,11 @@ te_dequantize undoes it, and te_gemm needs it on both operands of a contraction 
 Scale tables are padded to the tile cuBLASLt's block-scaled GEMM reads; te never writes or reads
 the padding.
 
+A view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard) keeps the
+row-wise copy in its [..., K] shape: the parts' geometry is then ``_matrix_shape``, not the
+view's shape, and dequantize / quantize_ go through it. MXFP8 weights split into equal pieces of
+a multiple of 32 rows stay MXFP8 (FSDP2's shards: te_torch._fsdp).
+
 The numerics are te-core's (te_quantize / te_dequantize / te_gemm); nothing here computes a value.
 These tensors are eager-only for now: under torch.compile te has no MXFP8/NVFP4 ops registered.
 """
@@ -32,11 +37,12 @@ from __future__ import annotations
 import torch
 from te_core import _C
 
-from te_torch import _kernels
+from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, is_eager
+from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
+_MX_BLOCK = 32
 _NVFP4 = int(_C.ScalingMode.NVFP4_1D)
 _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
 
@@ -84,6 +90,10 @@ class _MXTensor(QuantizedTensor):
         """te_gemm's operand tuple (_kernels.Operand) of both copies present."""
         return (self._mode, *self._parts())
 
+    def _as_matrix(self) -> _MXTensor:
+        """This tensor in the shape its parts encode (itself but for an MXFP8Tensor's flat view)."""
+        return self
+
     # -- numerics -------------------------------------------------------------------------------
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:  # type: ignore[override]
@@ -93,7 +103,9 @@ class _MXTensor(QuantizedTensor):
         src = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
         if not is_eager(src):
             raise not_traceable(f"{type(self).__name__}.dequantize")
-        return _kernels.dequantize_mx(self._operand(), self.shape, dtype)
+        matrix = self._as_matrix()
+        out = _kernels.dequantize_mx(matrix._operand(), matrix.shape, dtype)
+        return out if matrix is self else out.view(self.shape)
 
     def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
         """Drops the row-wise or column-wise copy. A missing copy cannot be made from the other
@@ -125,7 +137,10 @@ class _MXTensor(QuantizedTensor):
         """Quantizes ``src`` (broadcast to self.shape) into this tensor in place, both copies
         present, with its quantizer (or one made from this tensor's format if it has none)."""
         quantizer = self._quantizer if self._quantizer is not None else self._default_quantizer()
-        quantizer.update_quantized(src, self)
+        matrix = self._as_matrix()
+        if matrix is not self:  # a flat view: quantize the rows it holds
+            src = torch.broadcast_to(src, self.shape).reshape(matrix.shape)
+        quantizer.update_quantized(src, matrix)
         return self
 
     # -- torch integration ----------------------------------------------------------------------
@@ -146,6 +161,10 @@ class MXFP8Tensor(_MXTensor):
 
     _mode = _MXFP8
     _fp8_dtype: torch.dtype
+    _SPLIT_KEEPS_FP8 = (
+        "MXFP8Tensor pieces stay MXFP8 when split along dim 0 into equal pieces of a multiple of "
+        "32 rows: under FSDP2, a weight whose rows are the shard count x a multiple of 32"
+    )
 
     def __new__(
         cls,
@@ -168,9 +187,9 @@ class MXFP8Tensor(_MXTensor):
         self._quantizer = quantizer
         return self
 
-    def _like(self, rd, rs, cd, cs) -> MXFP8Tensor:
+    def _like(self, rd, rs, cd, cs, shape=None) -> MXFP8Tensor:
         return MXFP8Tensor(
-            shape=self.shape,
+            shape=self.shape if shape is None else shape,
             dtype=self.dtype,
             fp8_dtype=self._fp8_dtype,
             rowwise_data=rd,
@@ -180,6 +199,10 @@ class MXFP8Tensor(_MXTensor):
             with_2d_quantization=self._with_2d_quantization,
             quantizer=self._quantizer,
         )
+
+    def _as_matrix(self) -> MXFP8Tensor:
+        rd = self._rowwise_data
+        return self if rd is None or rd.shape == self.shape else self._like(*self._parts(), shape=rd.shape)
 
     def _same_format(self, other) -> bool:
         return (
@@ -200,6 +223,14 @@ class MXFP8Tensor(_MXTensor):
     def __tensor_flatten__(self):
         names = [n for n in _INNER if getattr(self, n) is not None]
         return names, (self._fp8_dtype, self.dtype, self._with_2d_quantization)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """FSDP2's all-gather extension: the shard's MXFP8 bytes and block scales (te_torch._fsdp)."""
+        return _fsdp.mx_pre_all_gather(self, outer_size)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded weight from the gathered copies (te_torch._fsdp)."""
+        return _fsdp.mx_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
@@ -376,3 +407,105 @@ def _rebuild_nvfp4_tensor(shape, dtype, rd, rs, cd, cs, amax, rht, tiles, requir
 
 
 _MXTensor._HANDLERS = INNER_HANDLERS
+
+
+# -- MXFP8 row ops (FSDP2 shards a weight with split, new_zeros, narrow -> slice, view, as_strided) --
+# A piece of 32 x n rows is an MXFP8 tensor of its own: its rows' bytes and row-wise scales, and
+# its columns of the column-wise copy with their 32x1 blocks' scales (each table re-padded). The
+# pieces are copies (the column-wise copy's columns are no view of its rows).
+
+
+def _mx_part_shape(part: int, shape) -> tuple:
+    return tuple(_C.quantized_shape(_MXFP8, part, tuple(shape)))
+
+
+_PART_RS, _PART_CS = int(_C.Part.ROWWISE_SCALE_INV), int(_C.Part.COLUMNWISE_SCALE_INV)
+
+
+def _mx_piece(t: MXFP8Tensor, start: int, rows: int) -> MXFP8Tensor:
+    """Rows [start, start + rows) of the 2-D ``t`` (start and rows multiples of 32), as copies."""
+    shape = (rows, t.shape[1])
+    rd, rs, cd, cs = t._parts()
+    if rd is not None:
+        rd = rd[start : start + rows].clone()
+        table = rs.new_zeros(_mx_part_shape(_PART_RS, shape))
+        table[:rows] = rs[start : start + rows, : table.shape[1]]
+        rs = table
+    if cd is not None:
+        cd = cd[:, start : start + rows].contiguous()
+        table = cs.new_zeros(_mx_part_shape(_PART_CS, shape))
+        blocks = rows // _MX_BLOCK
+        table[:, :blocks] = cs[: table.shape[0], start // _MX_BLOCK : start // _MX_BLOCK + blocks]
+        cs = table
+    return t._like(rd, rs, cd, cs, shape=shape)
+
+
+def _mx_rows(t: MXFP8Tensor, dim: int) -> bool:
+    """Whether ``t`` is a 2-D MXFP8 matrix (not a flat view) cut along its rows (``dim`` 0)."""
+    return t.dim() == 2 and t._as_matrix() is t and dim % 2 == 0
+
+
+def _mx_split(func, args, kwargs):
+    t, how = args[0], args[1]
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    m = t.shape[0] if t.dim() else 0
+    sizes = [how] * (-(-m // how)) if isinstance(how, int) else list(how)
+    even = len(set(sizes)) == 1 and sum(sizes) == m and sizes[0] % _MX_BLOCK == 0
+    if not _mx_rows(t, dim) or not even:
+        return NotImplemented
+    return [_mx_piece(t, i * sizes[0], sizes[0]) for i in range(len(sizes))]
+
+
+def _mx_view(func, args, kwargs):
+    # Keeping the last dim keeps every part's layout (M = numel / K rows either way); another
+    # last dim is a flat view over the unchanged parts (the module docstring).
+    t, size = args[0], args[1]
+    rd = t._rowwise_data
+    if rd is None:
+        return NotImplemented
+    v = func(rd, size)
+    if v.dim() and v.shape[-1] == rd.shape[-1]:
+        rd = v
+    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
+
+
+def _mx_whole(func, args, kwargs):
+    # narrow(0, 0, all rows) and as_strided over the whole tensor (FSDP2's padded shard and its
+    # unsharded weight, both as they are); any other piece takes the fallback
+    t = args[0]
+    if not _mx_rows(t, 0):
+        return NotImplemented
+    if func is aten.slice.Tensor:
+        dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
+        whole = dim % 2 == 0 and slice(start, end, step).indices(t.shape[0]) == (0, t.shape[0], 1)
+    else:
+        offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+        whole = tuple(args[1]) == tuple(t.shape) and tuple(args[2]) == t.stride() and not offset
+    return t._like(*t._parts()) if whole else NotImplemented
+
+
+def _mx_new_zeros(func, args, kwargs):
+    t, size = args[0], tuple(args[1])
+    if not _mx_rows(t, 0) or len(size) != 2 or kwargs.get("dtype") not in (None, t.dtype):
+        return NotImplemented
+    device = kwargs.get("device") or t.device
+    rd, rs, cd, cs = t._parts()
+    if rd is not None:
+        rd = torch.zeros(size, dtype=rd.dtype, device=device)
+        rs = torch.zeros(_mx_part_shape(_PART_RS, size), dtype=torch.uint8, device=device)
+    if cd is not None:
+        cd = torch.zeros((size[1], size[0]), dtype=cd.dtype, device=device)
+        cs = torch.zeros(_mx_part_shape(_PART_CS, size), dtype=torch.uint8, device=device)
+    return t._like(rd, rs, cd, cs, shape=size)
+
+
+MXFP8Tensor._HANDLERS = {
+    **INNER_HANDLERS,
+    aten.view.default: _mx_view,
+    aten._unsafe_view.default: _mx_view,
+    aten.split.Tensor: _mx_split,
+    aten.split_with_sizes.default: _mx_split,
+    aten.slice.Tensor: _mx_whole,
+    aten.as_strided.default: _mx_whole,
+    aten.new_zeros.default: _mx_new_zeros,
+}

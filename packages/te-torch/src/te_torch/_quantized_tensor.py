@@ -39,8 +39,8 @@ class QuantizedTensor(torch.Tensor):
     # when a split parameter's pieces keep the format (the INFO of one that does not says it)
     _SPLIT_KEEPS_FP8 = (
         "only Float8Tensor weights (DelayedScaling or Float8CurrentScaling under "
-        "te.quantized_model_init) and 128x128-tile Float8BlockwiseQTensor weights "
-        "(Float8BlockScaling) stay FP8 when sharded"
+        "te.quantized_model_init), 128x128-tile Float8BlockwiseQTensor weights "
+        "(Float8BlockScaling) and MXFP8Tensor weights stay quantized when sharded"
     )
 
     __torch_function__ = torch._C._disabled_torch_function_impl
