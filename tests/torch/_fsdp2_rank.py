@@ -7,7 +7,8 @@ RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose 
 whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks). CASE: train (FSDP2 against one process, both training with fp32 master
 weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
-torch.distributed.checkpoint), high_precision (weights not quantized, DelayedScaling with the amax
+torch.distributed.checkpoint), split_high (block-scaled weights FSDP2 must shard in high
+precision, against one process with FP8 weights), high_precision (weights not quantized, DelayedScaling with the amax
 reduced over the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
 
@@ -69,6 +70,13 @@ def _build(te, seed: int, dev: str, recipe_name: str = "current"):
                 te.LayerNormLinear(64, 256, device=dev),
                 te.Linear(256, 512, device=dev),
                 te.LayerNormMLP(512, 128, activation="swiglu", device=dev),
+            )
+    if recipe_name == "block_cut":  # 128 rows a weight: two shards of 64, half a tile each
+        with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
+            return torch.nn.Sequential(
+                te.LayerNormLinear(64, 128, device=dev),
+                te.Linear(128, 128, device=dev),
+                te.LayerNormMLP(128, 64, activation="swiglu", device=dev),
             )
     if recipe_name == "mxfp8":  # every weight's rows a multiple of 64: two shards of whole blocks
         with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
@@ -210,6 +218,28 @@ def _train(te, recipe, recipe_name, mesh, rank: int, world: int, dev: str) -> di
     return {"shards": shards, "steps": steps, "wire": wire}
 
 
+def _split_high(te, recipe, mesh, dev: str) -> dict:
+    """Weights whose shards would cut a tile (block_cut): FSDP2 shards them in high precision,
+    each step quantizes them as the recipe says, and the model trains as one process with FP8
+    weights and fp32 masters does."""
+    ref, model = _build(te, 0, dev, "block_cut"), _build(te, 0, dev, "block_cut")
+    for m in model:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _, ref_step = _trainer(te, ref, recipe)
+    quantized, step = _trainer(te, model, recipe)
+    torch.manual_seed(7)
+    equal = []
+    for _ in range(3):
+        x = torch.randn(32, 64, device=dev)
+        equal.append(torch.equal(step(x)[0], ref_step(x)[0]))
+    return {
+        "quantized": len(quantized),
+        "shards": sorted({type(_local(p)).__name__ for p in model.parameters()}),
+        "equal": equal,
+    }
+
+
 def _high_precision(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
     """Weights in high precision (FSDP2's own sharding) under ``recipe`` with the amax reduced
     over the ranks, each rank fed its part of the batch, against one process fed all of it."""
@@ -273,6 +303,8 @@ def main() -> None:
         out = _mixed_scales(te, recipe, mesh, rank, dev)
     elif case == "dcp":
         out = _dcp(te, recipe, recipe_name, mesh, path, dev)
+    elif case == "split_high":
+        out = _split_high(te, recipe, mesh, dev)
     elif case == "high_precision":
         out = _high_precision(te, recipe, mesh, rank, world, dev)
     else:

@@ -92,6 +92,9 @@ def test_block_row_ops_keep_the_format_at_tile_boundaries():
     assert w.dequantize()[:256].abs().max() > 0
     padded = w.new_zeros((256, 200))
     assert type(padded) is type(w) and padded._rowwise_data.dtype == w._rowwise_data.dtype
+    # zeros of a shape split would not keep (half a tile; 512 rows not in pieces of 384): plain,
+    # as FSDP2's padded shard of a weight whose pieces went high precision must be
+    assert type(w.new_zeros((64, 200))) is torch.Tensor and type(w.new_zeros((384, 200))) is torch.Tensor
     padded.narrow(0, 0, 256).copy_(pieces[1])
     assert torch.equal(padded.dequantize(), w.dequantize()[256:])
     # FSDP2's flat view of a shard: the same parts, values in the flat order
@@ -139,6 +142,7 @@ def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
     assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
     assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
     padded = w.new_zeros((64, 200))
+    assert type(w.new_zeros((48, 200))) is torch.Tensor  # a piece split would cut a block in
     padded.narrow(0, 0, 64).copy_(pieces[1])
     assert torch.equal(padded.dequantize(), w.dequantize()[64:128])
     flat = padded.view(-1)
@@ -200,6 +204,15 @@ def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
     # built from other weights, which then computes the saved model's outputs bit for bit
     for r in run(tmp_path, 2, recipe, "dcp"):
         assert r == {"equal": True, "shard": SHARD[recipe]}
+
+
+def test_fsdp2_block_weights_split_off_tiles_train_in_high_precision_as_one_process(tmp_path):
+    # 128-row weights over two ranks: shards of half a tile, so FSDP2 shards them in high
+    # precision (INFO); each step quantizes them into the same tiles, and the outputs are one
+    # process's with FP8 weights and fp32 masters, bit for bit
+    for r in run(tmp_path, 2, "block", "split_high"):
+        assert r["quantized"] == 0 and r["shards"] == ["Tensor"], r
+        assert r["equal"] == [True] * 3, r
 
 
 def test_fsdp2_high_precision_weights_reduce_the_amax_as_one_process(tmp_path):

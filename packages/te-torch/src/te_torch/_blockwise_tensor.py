@@ -26,7 +26,14 @@ from te_core import _C
 
 from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
+from te_torch._quantized_tensor import (
+    INNER_HANDLERS,
+    QuantizedTensor,
+    aten,
+    even_piece,
+    is_eager,
+    split_sizes,
+)
 
 _BLOCK_1D = int(_C.ScalingMode.BLOCK_1D)
 _BLOCK_2D = int(_C.ScalingMode.BLOCK_2D)
@@ -355,10 +362,8 @@ def _view(func, args, kwargs):
 def _split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    m = t.shape[0] if t.dim() else 0
-    sizes = [how] * (-(-m // how)) if isinstance(how, int) else list(how)
-    even = len(set(sizes)) == 1 and sum(sizes) == m and sizes[0] % _BLOCK == 0
-    if not _tile_rows(t, dim) or not even:
+    sizes = split_sizes(t, how)
+    if not _tile_rows(t, dim) or len(set(sizes)) != 1 or not even_piece(t, (sizes[0], t.shape[1]), _BLOCK):
         return NotImplemented
     per = sizes[0] // _BLOCK
     rd, rs = t._rowwise_data, t._rowwise_scale_inv
@@ -400,8 +405,10 @@ def _as_strided(func, args, kwargs):
 
 
 def _new_zeros(func, args, kwargs):
+    # FSDP2's padded shard: zeros of the shape of a piece that _split keeps (equal pieces of whole
+    # tiles), else the shards would be FP8 where the split made them high precision
     t, size = args[0], tuple(args[1])
-    if not _tile_rows(t, 0) or len(size) != 2 or kwargs.get("dtype") not in (None, t.dtype):
+    if not _tile_rows(t, 0) or kwargs.get("dtype") not in (None, t.dtype) or not even_piece(t, size, _BLOCK):
         return NotImplemented
     device = kwargs.get("device") or t.device
     rd = torch.zeros(size, dtype=t._rowwise_data.dtype, device=device)

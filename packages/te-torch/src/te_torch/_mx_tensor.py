@@ -39,7 +39,14 @@ from te_core import _C
 
 from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
+from te_torch._quantized_tensor import (
+    INNER_HANDLERS,
+    QuantizedTensor,
+    aten,
+    even_piece,
+    is_eager,
+    split_sizes,
+)
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
 _MX_BLOCK = 32
@@ -448,10 +455,8 @@ def _mx_rows(t: MXFP8Tensor, dim: int) -> bool:
 def _mx_split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    m = t.shape[0] if t.dim() else 0
-    sizes = [how] * (-(-m // how)) if isinstance(how, int) else list(how)
-    even = len(set(sizes)) == 1 and sum(sizes) == m and sizes[0] % _MX_BLOCK == 0
-    if not _mx_rows(t, dim) or not even:
+    sizes = split_sizes(t, how)
+    if not _mx_rows(t, dim) or len(set(sizes)) != 1 or not even_piece(t, (sizes[0], t.shape[1]), _MX_BLOCK):
         return NotImplemented
     return [_mx_piece(t, i * sizes[0], sizes[0]) for i in range(len(sizes))]
 
@@ -485,8 +490,10 @@ def _mx_whole(func, args, kwargs):
 
 
 def _mx_new_zeros(func, args, kwargs):
+    # FSDP2's padded shard: zeros of the shape of a piece that _mx_split keeps, as _new_zeros of
+    # te_torch._blockwise_tensor
     t, size = args[0], tuple(args[1])
-    if not _mx_rows(t, 0) or len(size) != 2 or kwargs.get("dtype") not in (None, t.dtype):
+    if not _mx_rows(t, 0) or kwargs.get("dtype") not in (None, t.dtype) or not even_piece(t, size, _MX_BLOCK):
         return NotImplemented
     device = kwargs.get("device") or t.device
     rd, rs, cd, cs = t._parts()

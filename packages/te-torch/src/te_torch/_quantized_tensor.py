@@ -173,4 +173,22 @@ def _copy_(func, args, kwargs):
     return dst
 
 
+# -- block-scaled row pieces (FSDP2's shards) ----------------------------------------------------
+
+
+def split_sizes(t: torch.Tensor, how) -> list:
+    """The row counts ``torch.split(t, how)`` cuts a tensor's dim 0 into."""
+    m = t.shape[0] if t.dim() else 0
+    return [how] * (-(-m // how)) if isinstance(how, int) else list(how)
+
+
+def even_piece(t: torch.Tensor, size: tuple, block: int) -> bool:
+    """Whether ``size`` is the shape of each of equal row pieces of the 2-D ``t`` made of whole
+    ``block``-row blocks: the pieces a block-scaled tensor keeps its format in."""
+    rows = size[0] if len(size) == 2 else 0
+    return (
+        len(size) == 2 and size[1] == t.shape[1] and rows > 0 and rows % block == 0 and t.shape[0] % rows == 0
+    )
+
+
 INNER_HANDLERS = {aten.detach.default: _detach, aten.clone.default: _clone, aten.copy_.default: _copy_}
