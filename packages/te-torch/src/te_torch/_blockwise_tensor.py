@@ -100,9 +100,9 @@ class Float8BlockwiseQTensor(QuantizedTensor):
     def _mode(self) -> int:
         return _BLOCK_2D if self._is_2D_scaled else _BLOCK_1D
 
-    def _like(self, rd, rs, cd, cs) -> Float8BlockwiseQTensor:
+    def _like(self, rd, rs, cd, cs, shape=None) -> Float8BlockwiseQTensor:
         return Float8BlockwiseQTensor(
-            shape=self.shape,
+            shape=self.shape if shape is None else shape,
             dtype=self.dtype,
             fp8_dtype=self._fp8_dtype,
             rowwise_data=rd,
@@ -157,7 +157,7 @@ class Float8BlockwiseQTensor(QuantizedTensor):
             )
         if self._matrix_shape != self.shape:  # a flat view: quantize the rows it holds
             src = torch.broadcast_to(src, self.shape).reshape(self._matrix_shape)
-            quantizer.update_quantized(src, _with_shape(self, self._matrix_shape))
+            quantizer.update_quantized(src, self._like(*self._parts(), shape=self._matrix_shape))
             return self
         quantizer.update_quantized(src, self)
         return self
@@ -289,20 +289,6 @@ def _rebuild_blockwise_tensor(shape, dtype, fp8_dtype, rd, rs, cd, cs, is_2d, re
     )
 
 
-def _with_shape(t: Float8BlockwiseQTensor, shape) -> Float8BlockwiseQTensor:
-    return Float8BlockwiseQTensor(
-        shape=shape,
-        dtype=t.dtype,
-        fp8_dtype=t._fp8_dtype,
-        rowwise_data=t._rowwise_data,
-        rowwise_scale_inv=t._rowwise_scale_inv,
-        columnwise_data=t._columnwise_data,
-        columnwise_scale_inv=t._columnwise_scale_inv,
-        is_2D_scaled=t._is_2D_scaled,
-        quantizer=t._quantizer,
-    )
-
-
 # -- natively implemented ops ---------------------------------------------------------------------
 # FSDP2 shards a 128x128-tile weight by rows with split, new_zeros, narrow (-> slice), view and
 # as_strided. Whole tiles keep the format: a piece of 128 x n rows is its rows' bytes and its
@@ -312,17 +298,7 @@ def _with_shape(t: Float8BlockwiseQTensor, shape) -> Float8BlockwiseQTensor:
 
 
 def _rows(t: Float8BlockwiseQTensor, rd: torch.Tensor, rs: torch.Tensor) -> Float8BlockwiseQTensor:
-    return Float8BlockwiseQTensor(
-        shape=rd.shape,
-        dtype=t.dtype,
-        fp8_dtype=t._fp8_dtype,
-        rowwise_data=rd,
-        rowwise_scale_inv=rs,
-        columnwise_data=None,
-        columnwise_scale_inv=None,
-        is_2D_scaled=True,
-        quantizer=t._quantizer,
-    )
+    return t._like(rd, rs, None, None, shape=rd.shape)
 
 
 def _tile_rows(t: Float8BlockwiseQTensor, dim: int) -> bool:
@@ -346,17 +322,7 @@ def _view(func, args, kwargs):
     v = func(rd, size)
     if v.dim() and v.shape[-1] == rd.shape[-1]:
         rd = v
-    return Float8BlockwiseQTensor(
-        shape=v.shape,
-        dtype=t.dtype,
-        fp8_dtype=t._fp8_dtype,
-        rowwise_data=rd,
-        rowwise_scale_inv=t._rowwise_scale_inv,
-        columnwise_data=t._columnwise_data,
-        columnwise_scale_inv=t._columnwise_scale_inv,
-        is_2D_scaled=t._is_2D_scaled,
-        quantizer=t._quantizer,
-    )
+    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
 
 
 def _split(func, args, kwargs):
