@@ -23,10 +23,10 @@ te_dequantize undoes it, and te_gemm needs it on both operands of a contraction 
 Scale tables are padded to the tile cuBLASLt's block-scaled GEMM reads; te never writes or reads
 the padding.
 
-A view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard) keeps the
-row-wise copy in its [..., K] shape: the parts' geometry is then ``_matrix_shape``, not the
-view's shape, and dequantize / quantize_ go through it. MXFP8 weights split into equal pieces of
-a multiple of 32 rows stay MXFP8 (FSDP2's shards: te_torch._fsdp).
+An MXFP8 view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard)
+keeps the row-wise copy in its [..., K] shape: the parts' geometry is then that copy's shape,
+not the view's, and dequantize / quantize_ go through ``_as_matrix()``. MXFP8 weights split into
+equal pieces of a multiple of 32 rows stay MXFP8 (FSDP2's shards: te_torch._fsdp).
 
 The numerics are te-core's (te_quantize / te_dequantize / te_gemm); nothing here computes a value.
 These tensors are eager-only for now: under torch.compile te has no MXFP8/NVFP4 ops registered.
