@@ -7,7 +7,8 @@ RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose 
 whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks). CASE: train (FSDP2 against one process, both training with fp32 master
 weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
-torch.distributed.checkpoint), split_high (block-scaled weights FSDP2 must shard in high
+torch.distributed.checkpoint), mixed_precision (MixedPrecisionPolicy with bf16 params),
+split_high (block-scaled weights FSDP2 must shard in high
 precision, against one process with FP8 weights), high_precision (weights not quantized, DelayedScaling with the amax
 reduced over the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
@@ -240,6 +241,27 @@ def _split_high(te, recipe, mesh, dev: str) -> dict:
     }
 
 
+def _mixed_precision(te, recipe, recipe_name: str, mesh, dev: str) -> dict:
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16) over FP8 weights: the gathered weight's
+    nominal dtype is bf16, so the layers compute as one process fed bf16 does."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    ref, model = _build(te, 0, dev, recipe_name), _build(te, 0, dev, recipe_name)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    for m in model:
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    x = torch.randn(32, 64, device=dev)
+    with te.autocast(recipe=recipe):
+        y, y_ref = model(x), ref(x.bfloat16())
+    y.float().sum().backward()
+    return {
+        "dtype": str(y.dtype),
+        "equal": torch.equal(y, y_ref),
+        "grads": all(p.grad is not None for p in model.parameters()),
+    }
+
+
 def _high_precision(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
     """Weights in high precision (FSDP2's own sharding) under ``recipe`` with the amax reduced
     over the ranks, each rank fed its part of the batch, against one process fed all of it."""
@@ -303,6 +325,8 @@ def main() -> None:
         out = _mixed_scales(te, recipe, mesh, rank, dev)
     elif case == "dcp":
         out = _dcp(te, recipe, recipe_name, mesh, path, dev)
+    elif case == "mixed_precision":
+        out = _mixed_precision(te, recipe, recipe_name, mesh, dev)
     elif case == "split_high":
         out = _split_high(te, recipe, mesh, dev)
     elif case == "high_precision":

@@ -206,6 +206,14 @@ def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
         assert r == {"equal": True, "shard": SHARD[recipe]}
 
 
+@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8"])
+def test_fsdp2_fp8_shards_under_bf16_mixed_precision_compute_as_one_process_in_bf16(tmp_path, recipe):
+    # MixedPrecisionPolicy(param_dtype=bf16): the FP8 bytes are gathered as they are and the
+    # unsharded weight's nominal dtype is bf16, so outputs are one process's fed bf16, bit for bit
+    for r in run(tmp_path, 2, recipe, "mixed_precision"):
+        assert r == {"dtype": "torch.bfloat16", "equal": True, "grads": True}
+
+
 def test_fsdp2_block_weights_split_off_tiles_train_in_high_precision_as_one_process(tmp_path):
     # 128-row weights over two ranks: shards of half a tile, so FSDP2 shards them in high
     # precision (INFO); each step quantizes them into the same tiles, and the outputs are one
