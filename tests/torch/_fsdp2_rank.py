@@ -4,13 +4,13 @@ ranks as processes of this file; each prints its findings as one JSON line.
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
 RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose rows split into
-whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks). CASE: train (FSDP2 against one process, both training with fp32 master
-weights), mixed_scales
+whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks).
+CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
 torch.distributed.checkpoint), mixed_precision (MixedPrecisionPolicy with bf16 params),
-split_high (block-scaled weights FSDP2 must shard in high
-precision, against one process with FP8 weights), high_precision (weights not quantized, DelayedScaling with the amax
-reduced over the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
+split_high (block-scaled weights FSDP2 must shard in high precision, against one process with
+FP8 weights), high_precision (weights not quantized, DelayedScaling with the amax reduced over
+the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
 
 import json
