@@ -63,34 +63,24 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+# the weight recipe of each RECIPE's model, and its widths (LayerNormLinear out, Linear out,
+# LayerNormMLP ffn): block's rows are multiples of 256 (two shards of whole 128x128 tiles),
+# block_cut's 128 (two shards of half a tile), mxfp8's multiples of 64 (two of whole 32-row blocks)
+_MODELS = {
+    "block": ("Float8BlockScaling", (256, 512, 128)),
+    "block_cut": ("Float8BlockScaling", (128, 128, 64)),
+    "mxfp8": ("MXFP8BlockScaling", (64, 128, 64)),
+}
+
+
 def _build(te, seed: int, dev: str, recipe_name: str = "current"):
     torch.manual_seed(seed)
-    if recipe_name == "block":  # every weight's rows a multiple of 256: two shards of whole tiles
-        with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
-            return torch.nn.Sequential(
-                te.LayerNormLinear(64, 256, device=dev),
-                te.Linear(256, 512, device=dev),
-                te.LayerNormMLP(512, 128, activation="swiglu", device=dev),
-            )
-    if recipe_name == "block_cut":  # 128 rows a weight: two shards of 64, half a tile each
-        with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
-            return torch.nn.Sequential(
-                te.LayerNormLinear(64, 128, device=dev),
-                te.Linear(128, 128, device=dev),
-                te.LayerNormMLP(128, 64, activation="swiglu", device=dev),
-            )
-    if recipe_name == "mxfp8":  # every weight's rows a multiple of 64: two shards of whole blocks
-        with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
-            return torch.nn.Sequential(
-                te.LayerNormLinear(64, 64, device=dev),
-                te.Linear(64, 128, device=dev),
-                te.LayerNormMLP(128, 64, activation="swiglu", device=dev),
-            )
-    with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
+    recipe, (a, b, ffn) = _MODELS.get(recipe_name, ("Float8CurrentScaling", (32, 48, 96)))
+    with te.quantized_model_init(recipe=getattr(te.recipe, recipe)()):
         return torch.nn.Sequential(
-            te.LayerNormLinear(64, 32, device=dev),
-            te.Linear(32, 48, device=dev),
-            te.LayerNormMLP(48, 96, activation="swiglu", device=dev),
+            te.LayerNormLinear(64, a, device=dev),
+            te.Linear(a, b, device=dev),
+            te.LayerNormMLP(b, ffn, activation="swiglu", device=dev),
         )
 
 

@@ -27,12 +27,13 @@ from te_core import _C
 from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
 from te_torch._quantized_tensor import (
-    INNER_HANDLERS,
     QuantizedTensor,
-    aten,
+    block_view,
     even_piece,
+    even_split,
     is_eager,
-    split_sizes,
+    row_handlers,
+    slice_args,
 )
 
 _BLOCK_1D = int(_C.ScalingMode.BLOCK_1D)
@@ -312,28 +313,15 @@ def _tile_rows(t: Float8BlockwiseQTensor, dim: int) -> bool:
     )
 
 
-def _view(func, args, kwargs):
-    # Keeping the last dim keeps the layout of every part (M = numel / K rows either way);
-    # another last dim is a flat view over the unchanged parts (the module docstring).
-    t, size = args[0], args[1]
-    rd = t._rowwise_data
-    if rd is None:
-        return NotImplemented
-    v = func(rd, size)
-    if v.dim() and v.shape[-1] == rd.shape[-1]:
-        rd = v
-    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
-
-
 def _split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    sizes = split_sizes(t, how)
-    if not _tile_rows(t, dim) or len(set(sizes)) != 1 or not even_piece(t, (sizes[0], t.shape[1]), _BLOCK):
+    rows = even_split(t, how, _BLOCK) if _tile_rows(t, dim) else None
+    if rows is None:
         return NotImplemented
-    per = sizes[0] // _BLOCK
+    per = rows // _BLOCK
     rd, rs = t._rowwise_data, t._rowwise_scale_inv
-    pieces = [(rd[i * sizes[0] : (i + 1) * sizes[0]], rs[i * per : (i + 1) * per]) for i in range(len(sizes))]
+    pieces = [(rd[i * rows : (i + 1) * rows], rs[i * per : (i + 1) * per]) for i in range(t.shape[0] // rows)]
     if t._columnwise_data is not None:
         pieces = [(d.clone(), s.clone()) for d, s in pieces]
     return [_rows(t, d, s) for d, s in pieces]
@@ -341,8 +329,7 @@ def _split(func, args, kwargs):
 
 def _slice(func, args, kwargs):
     t = args[0]
-    dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
-    step = kwargs.get("step", step)
+    dim, start, end, step = slice_args(args, kwargs)
     if not _tile_rows(t, dim) or t._columnwise_data is not None or step != 1:
         return NotImplemented
     m = t.shape[0]
@@ -382,13 +369,4 @@ def _new_zeros(func, args, kwargs):
     return _rows(t, rd, torch.zeros(rs_shape, dtype=torch.float32, device=device))
 
 
-Float8BlockwiseQTensor._HANDLERS = {
-    **INNER_HANDLERS,
-    aten.view.default: _view,
-    aten._unsafe_view.default: _view,
-    aten.split.Tensor: _split,
-    aten.split_with_sizes.default: _split,
-    aten.slice.Tensor: _slice,
-    aten.as_strided.default: _as_strided,
-    aten.new_zeros.default: _new_zeros,
-}
+Float8BlockwiseQTensor._HANDLERS = row_handlers(block_view, _split, _slice, _as_strided, _new_zeros)

@@ -14,7 +14,7 @@ from te_core import _C
 
 from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
-from te_torch._quantized_tensor import INNER_HANDLERS, QuantizedTensor, aten, is_eager
+from te_torch._quantized_tensor import QuantizedTensor, is_eager, row_handlers
 
 _PER_TENSOR = int(_C.ScalingMode.PER_TENSOR)
 
@@ -287,13 +287,4 @@ def _new_zeros(func, args, kwargs):
     return out
 
 
-Float8Tensor._HANDLERS = {
-    **INNER_HANDLERS,
-    aten.view.default: _view,
-    aten._unsafe_view.default: _view,
-    aten.split.Tensor: _split,
-    aten.split_with_sizes.default: _split,
-    aten.slice.Tensor: _slice,
-    aten.as_strided.default: _as_strided,
-    aten.new_zeros.default: _new_zeros,
-}
+Float8Tensor._HANDLERS = row_handlers(_view, _split, _slice, _as_strided, _new_zeros)

@@ -43,9 +43,12 @@ from te_torch._quantized_tensor import (
     INNER_HANDLERS,
     QuantizedTensor,
     aten,
+    block_view,
     even_piece,
+    even_split,
     is_eager,
-    split_sizes,
+    row_handlers,
+    slice_args,
 )
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
@@ -455,23 +458,10 @@ def _mx_rows(t: MXFP8Tensor, dim: int) -> bool:
 def _mx_split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    sizes = split_sizes(t, how)
-    if not _mx_rows(t, dim) or len(set(sizes)) != 1 or not even_piece(t, (sizes[0], t.shape[1]), _MX_BLOCK):
+    rows = even_split(t, how, _MX_BLOCK) if _mx_rows(t, dim) else None
+    if rows is None:
         return NotImplemented
-    return [_mx_piece(t, i * sizes[0], sizes[0]) for i in range(len(sizes))]
-
-
-def _mx_view(func, args, kwargs):
-    # Keeping the last dim keeps every part's layout (M = numel / K rows either way); another
-    # last dim is a flat view over the unchanged parts (the module docstring).
-    t, size = args[0], args[1]
-    rd = t._rowwise_data
-    if rd is None:
-        return NotImplemented
-    v = func(rd, size)
-    if v.dim() and v.shape[-1] == rd.shape[-1]:
-        rd = v
-    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
+    return [_mx_piece(t, i * rows, rows) for i in range(t.shape[0] // rows)]
 
 
 def _mx_whole(func, args, kwargs):
@@ -481,7 +471,7 @@ def _mx_whole(func, args, kwargs):
     if not _mx_rows(t, 0):
         return NotImplemented
     if func is aten.slice.Tensor:
-        dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
+        dim, start, end, step = slice_args(args, kwargs)
         whole = dim % 2 == 0 and slice(start, end, step).indices(t.shape[0]) == (0, t.shape[0], 1)
     else:
         offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
@@ -506,13 +496,4 @@ def _mx_new_zeros(func, args, kwargs):
     return t._like(rd, rs, cd, cs, shape=size)
 
 
-MXFP8Tensor._HANDLERS = {
-    **INNER_HANDLERS,
-    aten.view.default: _mx_view,
-    aten._unsafe_view.default: _mx_view,
-    aten.split.Tensor: _mx_split,
-    aten.split_with_sizes.default: _mx_split,
-    aten.slice.Tensor: _mx_whole,
-    aten.as_strided.default: _mx_whole,
-    aten.new_zeros.default: _mx_new_zeros,
-}
+MXFP8Tensor._HANDLERS = row_handlers(block_view, _mx_split, _mx_whole, _mx_whole, _mx_new_zeros)

@@ -173,13 +173,27 @@ def _copy_(func, args, kwargs):
     return dst
 
 
-# -- block-scaled row pieces (FSDP2's shards) ----------------------------------------------------
+# -- row ops FSDP2 shards a parameter with (split, new_zeros, narrow -> slice, view, as_strided) --
 
 
-def split_sizes(t: torch.Tensor, how) -> list:
-    """The row counts ``torch.split(t, how)`` cuts a tensor's dim 0 into."""
-    m = t.shape[0] if t.dim() else 0
-    return [how] * (-(-m // how)) if isinstance(how, int) else list(how)
+def row_handlers(view, split, slice_, as_strided, new_zeros) -> dict:
+    """A subclass's _HANDLERS: INNER_HANDLERS and its row ops."""
+    return {
+        **INNER_HANDLERS,
+        aten.view.default: view,
+        aten._unsafe_view.default: view,
+        aten.split.Tensor: split,
+        aten.split_with_sizes.default: split,
+        aten.slice.Tensor: slice_,
+        aten.as_strided.default: as_strided,
+        aten.new_zeros.default: new_zeros,
+    }
+
+
+def slice_args(args, kwargs) -> tuple:
+    """(dim, start, end, step) of an aten.slice.Tensor call."""
+    dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
+    return dim, start, end, kwargs.get("step", step)
 
 
 def even_piece(t: torch.Tensor, size: tuple, block: int) -> bool:
@@ -189,6 +203,29 @@ def even_piece(t: torch.Tensor, size: tuple, block: int) -> bool:
     return (
         len(size) == 2 and size[1] == t.shape[1] and rows > 0 and rows % block == 0 and t.shape[0] % rows == 0
     )
+
+
+def even_split(t: torch.Tensor, how, block: int) -> int | None:
+    """The rows of each piece ``torch.split(t, how)`` cuts the 2-D ``t`` into when they are
+    equal pieces of whole ``block``-row blocks (even_piece), else None."""
+    m = t.shape[0]
+    sizes = [how] * (-(-m // how)) if isinstance(how, int) else list(how)
+    keep = len(set(sizes)) == 1 and even_piece(t, (sizes[0], t.shape[1]), block)
+    return sizes[0] if keep else None
+
+
+def block_view(func, args, kwargs):
+    """aten.view of a block-scaled tensor: keeping the last dim keeps every part's layout (M =
+    numel / K rows either way); another last dim is a flat view over the unchanged parts, whose
+    geometry stays the row-wise copy's shape."""
+    t, size = args[0], args[1]
+    rd = t._rowwise_data
+    if rd is None:
+        return NotImplemented
+    v = func(rd, size)
+    if v.dim() and v.shape[-1] == rd.shape[-1]:
+        rd = v
+    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
 
 
 INNER_HANDLERS = {aten.detach.default: _detach, aten.clone.default: _clone, aten.copy_.default: _copy_}
