@@ -4,7 +4,8 @@ ranks as processes of this file; each prints its findings as one JSON line.
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
 RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose rows split into
-whole tiles) or mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks).
+whole tiles), mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks) or nvfp4
+(NVFP4BlockScaling: 16x16-tile weights, rows that split into whole 16-row blocks).
 CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
 torch.distributed.checkpoint), mixed_precision (MixedPrecisionPolicy with bf16 params),
@@ -30,12 +31,14 @@ SHARD = {
     "delayed": "Float8Tensor",
     "block": "Float8BlockwiseQTensor",
     "mxfp8": "MXFP8Tensor",
+    "nvfp4": "NVFP4Tensor",
 }
 WIRE = {
     "current": ["torch.uint8"],
     "delayed": ["torch.uint8"],
     "block": ["torch.uint8", "torch.float32"],
     "mxfp8": ["torch.uint8"] * 4,  # both copies (the column-wise one is no transpose) and scales
+    "nvfp4": ["torch.uint8"] * 4,  # the same (E2M1 pairs, E4M3 scales)
 }
 
 
@@ -65,11 +68,13 @@ def _local(t):
 
 # the weight recipe of each RECIPE's model, and its widths (LayerNormLinear out, Linear out,
 # LayerNormMLP ffn): block's rows are multiples of 256 (two shards of whole 128x128 tiles),
-# block_cut's 128 (two shards of half a tile), mxfp8's multiples of 64 (two of whole 32-row blocks)
+# block_cut's 128 (two shards of half a tile), mxfp8's multiples of 64 (two of whole 32-row blocks),
+# nvfp4's of 32 (two of whole 16-row blocks)
 _MODELS = {
     "block": ("Float8BlockScaling", (256, 512, 128)),
     "block_cut": ("Float8BlockScaling", (128, 128, 64)),
     "mxfp8": ("MXFP8BlockScaling", (64, 128, 64)),
+    "nvfp4": ("NVFP4BlockScaling", (32, 64, 32)),
 }
 
 
@@ -85,14 +90,14 @@ def _build(te, seed: int, dev: str, recipe_name: str = "current"):
 
 
 def _rowwise(t):
-    """(row-wise bytes, their scale, whether the column-wise copy is absent) of an FP8 weight;
-    a tile scale table without its padding columns, which no kernel writes."""
+    """(row-wise bytes, their scale, whether the column-wise copy is absent) of an FP8 / FP4
+    weight; a tile scale table without its padding columns, which no kernel writes."""
     if hasattr(t, "_data"):  # Float8Tensor
         return t._data, t._scale_inv, t._transpose is None
     if hasattr(t, "_is_2D_scaled"):  # 128x128 tiles: a row of scales per 128 rows
         scale = t._rowwise_scale_inv[:, : -(-t.shape[-1] // 128)]
-    else:  # MXFP8: a row of scales per row, one per 32 elements
-        scale = t._rowwise_scale_inv[: t.shape[0], : -(-t.shape[-1] // 32)]
+    else:  # MXFP8 / NVFP4: a row of scales per row, one per 32 / 16 elements
+        scale = t._rowwise_scale_inv[: t.shape[0], : -(-t.shape[-1] // t._block_size)]
     return t._rowwise_data, scale, t._columnwise_data is None
 
 
@@ -102,6 +107,13 @@ def _rank_part(te, r, rank: int, world: int):
     if not isinstance(r, te.Float8Tensor):  # each shard its own rows' block scales
         scale = torch.chunk(scale, world, dim=0)[rank]
     return torch.chunk(data.view(torch.uint8), world, dim=0)[rank], scale
+
+
+def _same_scales(te, s, r, rank: int, world: int) -> bool:
+    """Whether the shard ``s`` holds its rows' scales of the unsharded weight ``r`` (and, NVFP4,
+    its global amaxes)."""
+    same = torch.equal(_rowwise(s)[1], _rank_part(te, r, rank, world)[1])
+    return same and (not isinstance(r, te.NVFP4Tensor) or torch.equal(s._amax, r._amax))
 
 
 def _trainer(te, model, recipe):
@@ -132,13 +144,13 @@ def _trainer(te, model, recipe):
     return qparams, step
 
 
-def _mixed_scales(te, recipe, mesh, rank: int, dev: str) -> dict:
-    model = _build(te, rank, dev)  # every rank its own weights: the shards' scales differ
+def _mixed_scales(te, recipe, recipe_name, mesh, rank: int, dev: str) -> dict:
+    model = _build(te, rank, dev, recipe_name)  # every rank its own weights: the shards' scales differ
     for m in model:
         fully_shard(m, mesh=mesh)
     try:
         with te.autocast(recipe=recipe):
-            model(torch.randn(8, 64, device=dev))
+            model(torch.randn(32, 64, device=dev))
     except RuntimeError as e:
         return {"error": str(e)}
     return {"error": None}
@@ -173,25 +185,23 @@ def _train(te, recipe, recipe_name, mesh, rank: int, world: int, dev: str) -> di
     for p, r in zip(q, ref_q, strict=True):
         s = _local(p)
         data, scale, rowwise_only = _rowwise(s)
-        rows, ref_scale = _rank_part(te, r, rank, world)
+        rows = _rank_part(te, r, rank, world)[0]
         same_rows = torch.equal(data.view(torch.uint8)[: rows.shape[0]], rows)
-        shards.append(
-            [type(s).__name__, data.element_size(), rowwise_only, same_rows, torch.equal(scale, ref_scale)]
-        )
+        same = _same_scales(te, s, r, rank, world)
+        shards.append([type(s).__name__, data.element_size(), rowwise_only, same_rows, same])
     torch.manual_seed(7)
     steps = []
-    for _ in range(3):
+    for i in range(3):
         x = torch.randn(32, 64, device=dev)  # the same batch on every rank: FSDP's mean of grads is exact
+        torch.manual_seed(100 + i)  # both runs draw the same stochastic-rounding seeds (NVFP4's gradients)
         y, grads = step(x)
+        torch.manual_seed(100 + i)
         y_ref, grads_ref = ref_step(x)
         g_err = 0.0
         for g, gr in zip(grads, grads_ref, strict=True):
             piece = torch.chunk(gr, world, dim=0)[rank]
             g_err = max(g_err, (g - piece).abs().max().item() / max(piece.abs().max().item(), 1e-30))
-        scales = all(
-            torch.equal(_rowwise(_local(p))[1], _rank_part(te, r, rank, world)[1])
-            for p, r in zip(q, ref_q, strict=True)
-        )
+        scales = all(_same_scales(te, _local(p), r, rank, world) for p, r in zip(q, ref_q, strict=True))
         steps.append(
             {
                 "y_equal": torch.equal(y, y_ref),
@@ -310,9 +320,10 @@ def main() -> None:
         "delayed": te.recipe.DelayedScaling(),
         "block": te.recipe.Float8BlockScaling(),
         "mxfp8": te.recipe.MXFP8BlockScaling(),
+        "nvfp4": te.recipe.NVFP4BlockScaling(),
     }[recipe_name]
     if case == "mixed_scales":
-        out = _mixed_scales(te, recipe, mesh, rank, dev)
+        out = _mixed_scales(te, recipe, recipe_name, mesh, rank, dev)
     elif case == "dcp":
         out = _dcp(te, recipe, recipe_name, mesh, path, dev)
     elif case == "mixed_precision":

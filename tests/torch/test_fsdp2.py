@@ -11,22 +11,23 @@ from _fsdp2_rank import SHARD, WIRE, run
 @pytest.mark.parametrize(
     "world, recipe",
     # 3: uneven shards (32 / 48 / 96 rows); block: 128x128 tiles, two shards of whole tiles each;
-    # mxfp8: two shards of whole 32-row blocks each
-    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block"), (2, "mxfp8")],
+    # mxfp8 / nvfp4: two shards of whole 32- / 16-row blocks each
+    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block"), (2, "mxfp8"), (2, "nvfp4")],
 )
 def test_fsdp2_fp8_shards_train_as_one_process(tmp_path, world, recipe):
     ranks = run(tmp_path, world, recipe, "train")
     for r in ranks:
-        # every FP8 weight: a shard of 1-byte elements in the weight's format, row-wise only (MXFP8:
-        # both copies, its column-wise one being no transpose), with the reference's rows and
-        # their scale (the weight's one, or its rows' block scales)
+        # every FP8 weight: a shard of 1-byte elements (NVFP4: element pairs) in the weight's
+        # format, row-wise only (MXFP8, NVFP4: both copies, the column-wise one being no
+        # transpose), with the reference's rows and their scale (the weight's one, or its rows'
+        # block scales, and NVFP4's global amaxes)
         assert len(r["shards"]) == 4
-        rowwise_only = recipe != "mxfp8"
+        rowwise_only = recipe not in ("mxfp8", "nvfp4")
         for shard in r["shards"]:
             assert shard == [SHARD[recipe], 1, rowwise_only, True, True]
         for s in r["steps"]:
-            # quantize_ on a shard took the whole weight's amax (per-tensor scales) or quantized
-            # its own blocks as the whole weight does (block scales)
+            # quantize_ on a shard took the whole weight's amax (per-tensor scales, NVFP4's global
+            # amaxes) or quantized its own blocks as the whole weight does (block scales)
             assert s["scales_equal"]
             if world == 2:  # (g + g) / 2 is exact: the gathered weights and outputs are the reference's
                 assert s["y_equal"], s
@@ -37,10 +38,11 @@ def test_fsdp2_fp8_shards_train_as_one_process(tmp_path, world, recipe):
         assert r["wire"] == [WIRE[recipe]] * 4  # FP8 bytes, not a high-precision copy
 
 
-def test_fsdp2_shards_with_different_scales_fail_on_every_rank(tmp_path):
-    ranks = run(tmp_path, 2, "current", "mixed_scales")
+@pytest.mark.parametrize("recipe, what", [("current", "scales (scale_inv)"), ("nvfp4", "global amaxes")])
+def test_fsdp2_shards_with_different_scales_fail_on_every_rank(tmp_path, recipe, what):
+    ranks = run(tmp_path, 2, recipe, "mixed_scales")
     for r in ranks:
-        assert r["error"] is not None and "shards hold different scales" in r["error"]
+        assert r["error"] is not None and f"shards hold different {what}" in r["error"]
         assert "same seed" in r["error"]
 
 
@@ -161,13 +163,81 @@ def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
     assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))
 
 
+@pytest.mark.parametrize("tiles", [True, False])  # 16x16 tiles (weights' default) / 1x16 blocks
+def test_nvfp4_row_ops_keep_the_format_and_the_global_amaxes(tiles):
+    # fully_shard's ops on an NVFP4 weight: pieces of whole 16-row blocks are NVFP4 tensors of
+    # their own (E2M1 pairs, both copies, scale tables re-padded) that keep the whole weight's
+    # global amaxes, which every block scale is relative to
+    import te_torch as te
+
+    recipe = te.recipe.NVFP4BlockScaling(disable_2d_quantization=not tiles)
+    with te.quantized_model_init(recipe=recipe):
+        m = te.Linear(200, 96)  # K = 200: 13 blocks of 16 a row, the last partial
+    w = m.weight
+    assert w._with_2d_quantization is tiles
+
+    def columnwise(t):  # the tensor as its column-wise copy alone sees it
+        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
+
+    pieces = torch.chunk(w, 3, dim=0)  # 32 rows each
+    assert all(type(p) is type(w) for p in pieces)
+    assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 16)] * 3  # 32 rows, packed
+    assert all(torch.equal(p._amax, w._amax) and p._amax is not w._amax for p in pieces)
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
+    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
+    padded = w.new_zeros((32, 200))
+    assert type(padded) is type(w) and torch.equal(padded.dequantize(), torch.zeros(32, 200))
+    assert type(w.new_zeros((24, 200))) is torch.Tensor  # a piece split would cut a block in
+    padded.narrow(0, 0, 32).copy_(pieces[1])
+    assert torch.equal(padded.dequantize(), w.dequantize()[32:64]) and torch.equal(padded._amax, w._amax)
+    flat = padded.view(-1)
+    assert type(flat) is type(w) and flat.shape == (32 * 200,)
+    assert torch.equal(flat.dequantize(), padded.dequantize().view(-1))
+    assert torch.equal(flat.view(32, 200).dequantize(), padded.dequantize())
+    # alone, a piece encodes with its own amaxes; given the whole weight's, its bytes are the
+    # whole weight's rows
+    x = torch.randn(96, 200)
+    x[0, 0] = 50.0  # the largest element, outside the piece's rows
+    whole = te.NVFP4Quantizer(with_2d_quantization=tiles)(x)
+    flat.quantize_(x[32:64].reshape(-1))
+    assert padded._amax.tolist() == [x[32:64].abs().max().item()] * 2
+    assert not torch.equal(padded.dequantize(), whole.dequantize()[32:64])
+    w._quantizer.update_quantized(x[32:64], padded, whole._amax.clone())
+    assert torch.equal(padded._amax, whole._amax)
+    assert torch.equal(padded.dequantize(), whole.dequantize()[32:64])
+    assert torch.equal(columnwise(padded), columnwise(whole)[32:64])
+    same = torch.as_strided(w, (96, 200), (200, 1))
+    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
+    assert type(w[16:32]) is torch.Tensor and torch.equal(w[16:32], w.dequantize()[16:32])
+    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))  # 24 rows: a cut block
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"with_2d_quantization": True}, {}, {"with_rht": True}, {"with_rht": True, "columnwise": False}],
+)
+def test_an_nvfp4_shards_amaxes_are_the_quantizers_own(kwargs):
+    # what an NVFP4 shard contributes to the all-reduce of its weight's global amaxes is what
+    # its quantizer takes for the shard alone (after the Hadamard transform for that copy)
+    import te_torch as te
+    from te_torch import _fsdp
+
+    q = te.NVFP4Quantizer(**kwargs)
+    x = torch.randn(48, 64)
+    x[5, 7] = -9.0
+    want = q(x)._amax
+    if q.columnwise_usage is False:
+        want = want[:1].expand(2)  # the copy te does not write; the shard reduces both entries
+    assert torch.equal(_fsdp.local_amaxes(q, x), want)
+
+
 @pytest.mark.parametrize(
     "recipe, kwargs, rows, shards",
     [
         ("Float8BlockScaling", {}, 576, 3),  # 192 rows a shard: a cut through a tile
         ("Float8BlockScaling", {"w_block_scaling_dim": 1}, 256, 2),  # 1x128 blocks
         ("MXFP8BlockScaling", {}, 96, 2),  # 48 rows a shard: a cut through a 32-row block
-        ("NVFP4BlockScaling", {}, 256, 2),
+        ("NVFP4BlockScaling", {}, 48, 2),  # 24 rows a shard: a cut through a 16-row block
     ],
 )
 def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, recipe, kwargs, rows, shards):
@@ -192,13 +262,13 @@ def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, reci
         "split along dim 0 into equal pieces of a multiple of 128 rows",
         "MXFP8Tensor": "MXFP8Tensor pieces stay MXFP8 when split along dim 0 into equal pieces of a "
         "multiple of 32 rows",
-        "NVFP4Tensor": "128x128-tile Float8BlockwiseQTensor weights (Float8BlockScaling) and "
-        "MXFP8Tensor weights stay quantized",
+        "NVFP4Tensor": "NVFP4Tensor pieces stay NVFP4 when split along dim 0 into equal pieces of a "
+        "multiple of 16 rows",
     }[name]
     assert rule in said[0], said
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
     # torch.distributed.checkpoint saves the sharded FP8 weights and loads them into a model
     # built from other weights, which then computes the saved model's outputs bit for bit
@@ -206,7 +276,7 @@ def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
         assert r == {"equal": True, "shard": SHARD[recipe]}
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_under_bf16_mixed_precision_compute_as_one_process_in_bf16(tmp_path, recipe):
     # MixedPrecisionPolicy(param_dtype=bf16): the FP8 bytes are gathered as they are and the
     # unsharded weight's nominal dtype is bf16, so outputs are one process's fed bf16, bit for bit

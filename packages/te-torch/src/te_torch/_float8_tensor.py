@@ -109,7 +109,7 @@ class Float8Tensor(QuantizedTensor):
         quantizer = self._quantizer
         if quantizer is None:
             quantizer = Float8CurrentScalingQuantizer(self._fp8_dtype, self.device)
-        group = _fsdp.amax_group(self)
+        group = _fsdp.amax_group(self._scale_inv)
         if group is not None and isinstance(quantizer, Float8CurrentScalingQuantizer):
             # an FSDP2 shard: the scale of the whole weight, which every shard shares
             amax = _fsdp.reduced_amax(src, group)

@@ -19,8 +19,11 @@ rows' scales, which go over the wire beside the bytes. Its tiles are each shard'
 re-quantizes alone exactly as the whole weight would. An ``MXFP8Tensor`` weight whose shards are
 whole 32-row blocks likewise, with both copies (the column-wise one is its own quantization, not
 a transpose): after the gather, the shards' column-wise pieces [K, rows] are laid side by side
-into the weight's [K, M]. Other shard sizes, and NVFP4, are split to high precision (INFO once,
-from the split).
+into the weight's [K, M]. An ``NVFP4Tensor`` weight whose shards are whole 16-row blocks is
+sharded as MXFP8 is (E2M1 pairs, E4M3 block scales), its shards sharing the whole weight's global
+amaxes as per-tensor shards share a scale: checked at the first all-gather, and reduced over the
+FSDP group when a shard is re-quantized. Other shard sizes are split to high precision (INFO
+once, from the split).
 """
 
 from __future__ import annotations
@@ -30,31 +33,43 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from te_torch import _kernels
 
-# scale_inv tensor of a sharded weight (shared by the shard's views) -> its FSDP process group
+# the per-tensor part of a sharded weight (a Float8Tensor's scale_inv, an NVFP4Tensor's global
+# amaxes; shared by the shard's views) -> its FSDP process group
 _GROUPS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def amax_group(t) -> object | None:
-    """The FSDP group whose ranks hold the other shards of ``t``'s weight (None: not known)."""
-    return _GROUPS.get(t._scale_inv)
+def amax_group(key: torch.Tensor) -> object | None:
+    """The FSDP group whose ranks hold the other shards of the weight whose per-tensor part
+    (scale_inv, or NVFP4's amax) is ``key`` (None: not known)."""
+    return _GROUPS.get(key)
 
 
-def _check_one_scale(t, group) -> None:
+def _values(v: torch.Tensor) -> str:
+    return ", ".join(f"{x:g}" for x in v.tolist())
+
+
+def _register(t, key: torch.Tensor, mesh, what: str) -> None:
+    """At a shard's first all-gather: checks that every rank holds the same per-tensor ``key``
+    (``what`` names it) and records the FSDP group for quantize_'s amax reductions."""
     import torch.distributed as dist
 
-    s = t._scale_inv.float().reshape(1)
-    both = torch.cat([s, -s])  # one MAX all-reduce gives the largest and the smallest
+    if key in _GROUPS:
+        return
+    group = mesh.get_group()
+    v = key.float().reshape(-1)
+    both = torch.cat([v, -v])  # one MAX all-reduce gives the largest and the smallest
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    hi, lo = both[0].item(), -both[1].item()
-    if hi != lo:
+    hi, lo = both[: v.numel()], -both[v.numel() :]
+    if not torch.equal(hi, lo):
         raise RuntimeError(
-            f"FSDP2 all-gather of a te Float8Tensor weight {tuple(t.shape)} (this rank's shard): "
-            f"the ranks' shards hold different scales (scale_inv {lo:g} .. {hi:g}), so the "
-            "gathered FP8 bytes would mix them. Shards of one weight need one scale: build the "
-            "model identically on every rank (same seed) before fully_shard, and re-quantize "
+            f"FSDP2 all-gather of a te {type(t).__name__} weight {tuple(t.shape)} (this rank's "
+            f"shard): the ranks' shards hold different {what} ({_values(lo)} .. {_values(hi)}), "
+            f"so the gathered bytes would mix them. Shards of one weight need the same {what}: build "
+            "the model identically on every rank (same seed) before fully_shard, and re-quantize "
             "shards only with quantize_ after the first forward (it then reduces the amax "
             "over the FSDP group)"
         )
+    _GROUPS[key] = group
 
 
 def _need_rowwise(t, rowwise_data) -> None:
@@ -68,10 +83,7 @@ def _need_rowwise(t, rowwise_data) -> None:
 def pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
     """fsdp_pre_all_gather: the shard's row-wise bytes (uint8, which every backend gathers)."""
     _need_rowwise(t, t._data)
-    if t._scale_inv not in _GROUPS:
-        group = mesh.get_group()
-        _check_one_scale(t, group)
-        _GROUPS[t._scale_inv] = group
+    _register(t, t._scale_inv, mesh, "scales (scale_inv)")
     data = t._data
     rows = -(-outer_size[0] // mesh.size())  # FSDP pads every shard to the first one's rows
     if data.shape[0] != rows:  # a short last shard: a view of FSDP's padded bytes behind it
@@ -139,16 +151,20 @@ def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch
     return full, (full._columnwise_data, full._columnwise_scale_inv)
 
 
-def mx_pre_all_gather(t, outer_size: torch.Size) -> tuple:
-    """fsdp_pre_all_gather of an MXFP8 shard (whole 32-row blocks, equal on every rank): each
-    copy's bytes (uint8) and the valid rows of its E8M0 scale table (padding columns kept)."""
+def mx_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
+    """fsdp_pre_all_gather of an MXFP8 / NVFP4 shard (whole blocks of rows, equal on every rank):
+    each copy's bytes (uint8) and the valid rows of its block-scale table (padding columns
+    kept); an NVFP4 shard's global amaxes travel in the metadata (every rank's are the same)."""
     _need_rowwise(t, t._rowwise_data)
+    amax = t._own_amax()
+    if amax is not None:
+        _register(t, t._amax, mesh, "global amaxes")
     rd, rs, cd, cs = t._parts()
     rows, k = t.shape
     inputs = [rd.view(torch.uint8), rs[:rows]]
     if cd is not None:
         inputs += [cd.view(torch.uint8), cs[:k]]
-    return tuple(inputs), (t._fp8_dtype, t._with_2d_quantization, outer_size, rows)
+    return tuple(inputs), (outer_size, rows, amax)
 
 
 def _side_by_side(gathered: torch.Tensor, k: int, cols: int, out: torch.Tensor) -> None:
@@ -162,41 +178,55 @@ def _side_by_side(gathered: torch.Tensor, k: int, cols: int, out: torch.Tensor) 
 
 
 def mx_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
-    """fsdp_post_all_gather of an MXFP8 weight: the gathered row-wise bytes are the weight's
-    (its scale table too when M is a multiple of 128, else re-padded); the column-wise pieces
-    are laid side by side into the weight's own [K, M] copy and its scale table."""
-    from te_torch._mx_tensor import _MX_BLOCK, _PART_CS, _PART_RS, MXFP8Tensor, _mx_part_shape
+    """fsdp_post_all_gather of an MXFP8 / NVFP4 weight: the gathered row-wise bytes are the
+    weight's (its scale table too when M is a multiple of 128, else re-padded); the column-wise
+    pieces are laid side by side into the weight's own [K, M] copy and its scale table."""
+    from te_torch._mx_tensor import _PART_CS, _PART_RS, part_shape
 
-    fp8_dtype, tiles, outer_size, rows = metadata
+    outer_size, rows, amax = metadata
     m, k = outer_size
+    pack = t._elements_per_byte
     full, own = out, []
     if full is None:
         rs = outputs[1]
-        if rs.shape[0] != _mx_part_shape(_PART_RS, outer_size)[0]:
-            rs = rs.new_empty(_mx_part_shape(_PART_RS, outer_size))
+        if rs.shape[0] != part_shape(t._mode, _PART_RS, outer_size)[0]:
+            rs = rs.new_empty(part_shape(t._mode, _PART_RS, outer_size))
             own.append(rs)
         cd = cs = None
         if len(outputs) > 2:
-            cd = torch.empty((k, m), dtype=fp8_dtype, device=rs.device)
-            cs = rs.new_empty(_mx_part_shape(_PART_CS, outer_size))
+            cd = t._columnwise_data.new_empty((k, m // pack))
+            cs = rs.new_empty(part_shape(t._mode, _PART_CS, outer_size))
             own += [cd, cs]
-        full = MXFP8Tensor(
-            shape=outer_size,
-            dtype=param_dtype,
-            fp8_dtype=fp8_dtype,
-            rowwise_data=outputs[0].view(fp8_dtype).view(outer_size),
-            rowwise_scale_inv=rs,
-            columnwise_data=cd,
-            columnwise_scale_inv=cs,
-            with_2d_quantization=tiles,
-        )
+        rd = outputs[0].view(t._rowwise_data.dtype).view(m, k // pack)
+        full = t._like(rd, rs, cd, cs, amax, shape=outer_size, dtype=param_dtype)
+    elif amax is not None:
+        full._amax.data.copy_(amax)  # .data: as _side_by_side
     if full._rowwise_scale_inv.data_ptr() != outputs[1].data_ptr():
         full._rowwise_scale_inv.data[:m].copy_(outputs[1])
     if len(outputs) > 2:
-        _side_by_side(outputs[2], k, rows, full._columnwise_data.view(torch.uint8))
-        _side_by_side(outputs[3], k, rows // _MX_BLOCK, full._columnwise_scale_inv)
+        _side_by_side(outputs[2], k, rows // pack, full._columnwise_data.view(torch.uint8))
+        _side_by_side(outputs[3], k, rows // t._block_size, full._columnwise_scale_inv)
     # FSDP frees and re-allocates these around each reshard; the gathered bytes are its own
     return None if out is not None else (full, tuple(own))
+
+
+def local_amaxes(quantizer, src: torch.Tensor) -> torch.Tensor:
+    """The global amaxes (fp32 [2]: row-wise, column-wise copy) an NVFP4 ``quantizer`` would
+    encode ``src`` alone with. A shard of whole 16-row blocks holds whole runs of the Hadamard
+    transform, so the whole weight's are the shards' MAX."""
+    if quantizer.with_rht and quantizer.columnwise_usage:  # the column-wise amax is after the transform
+        return quantizer._run(src)[4]
+    return src.detach().abs().amax().float().reshape(1).expand(2).clone()
+
+
+def reduced_amaxes(quantizer, src: torch.Tensor, group) -> torch.Tensor:
+    """The global amaxes of the whole weight: this rank's shard ``src``'s MAX-reduced over
+    ``group``."""
+    import torch.distributed as dist
+
+    amax = local_amaxes(quantizer, src)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    return amax
 
 
 def reduced_amax(src: torch.Tensor, group) -> torch.Tensor:

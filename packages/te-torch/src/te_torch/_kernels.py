@@ -260,6 +260,7 @@ def quantize_mx(
     columnwise: bool,
     config: _C.QuantConfig,
     columnwise_rht: bool = False,
+    amax: torch.Tensor | None = None,
 ) -> tuple:
     """te_quantize of ``x`` ([..., K], fp32/bf16/fp16) into MXFP8_1D or NVFP4_1D ``mode``.
 
@@ -270,6 +271,8 @@ def quantize_mx(
     (row-wise, column-wise copy); MXFP8 has no amax (None). ``data_dtype``: the MXFP8 element
     dtype (ignored for NVFP4). ``config`` carries 2-D tiles and stochastic rounding;
     ``columnwise_rht`` (NVFP4): the column-wise copy holds the Hadamard-transformed source.
+    ``amax`` (NVFP4, with ``config.use_existing_amax``): the fp32 [2] global amaxes to encode
+    with (e.g. reduced over the ranks holding the other shards), returned as given.
     """
     if not x.is_contiguous():
         x = x.contiguous()
@@ -281,7 +284,7 @@ def quantize_mx(
     device = x.device
     nvfp4 = mode == _NVFP4
     rs_shape, cd_shape, cs_shape = part_shapes(shape, mode)
-    rd = rs = cd = cs = amax = None
+    rd = rs = cd = cs = None
     rd_ptr = rs_ptr = cd_ptr = cs_ptr = 0
     if rowwise:
         if nvfp4:  # te validates K even before writing (a shorter buffer is never written)
@@ -299,7 +302,7 @@ def quantize_mx(
         cd_ptr, cs_ptr = cd.data_ptr(), cs.data_ptr()
     else:
         cd_shape = cs_shape = None
-    if nvfp4:
+    if nvfp4 and amax is None:
         amax = _empty((2,), dtype=torch.float32, device=device)
     _quantize_flat(
         x.data_ptr(), x_te, shape, dev, mode, _E2M1 if nvfp4 else TE_DTYPE[data_dtype],

@@ -58,10 +58,14 @@ class _MXQuantizer(Quantizer):
     def _run4(self, tensor: torch.Tensor) -> tuple:
         return self._run(tensor)[:4]
 
-    def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor) -> QuantizedTensor:
+    def update_quantized(
+        self, src: torch.Tensor, dst: QuantizedTensor, amax: torch.Tensor | None = None
+    ) -> QuantizedTensor:
         """Quantizes ``src`` (broadcast to ``dst.shape``) into ``dst``'s buffers, the copies
         ``dst`` holds. Quantized out of place and copied in (torch checks the sizes): this runs
-        once per optimizer step on a stored weight, not per GEMM."""
+        once per optimizer step on a stored weight, not per GEMM. ``amax`` (NVFP4 only): the
+        fp32 [2] global amaxes to encode with instead of ``src``'s own (an FSDP2 shard's, those
+        of the whole weight)."""
         cls = MXFP8Tensor if self._mode == _MXFP8 else NVFP4Tensor
         if not isinstance(dst, cls):
             raise TypeError(f"dst: expected a {cls.__name__}, got {type(dst).__name__}")
@@ -71,7 +75,7 @@ class _MXQuantizer(Quantizer):
             src = src.to(dst.dtype)
         q = self.copy()
         q.set_usage(rowwise=dst._rowwise_data is not None, columnwise=dst._columnwise_data is not None)
-        new = q._quantize(src, dst.dtype)
+        new = q._quantize(src, dst.dtype) if amax is None else q._quantize(src, dst.dtype, amax)
         for d, s in zip(dst._parts(), new._parts(), strict=True):
             if d is not None:
                 d.copy_(s)
@@ -221,17 +225,25 @@ class NVFP4Quantizer(_MXQuantizer):
         self.with_post_rht_amax = self.with_rht
         self._config = _C.QuantConfig(with_2d_quantization=self.with_2d_quantization)
 
-    def _call_config(self) -> _C.QuantConfig:
-        """The te_quant_config of one quantization: with stochastic rounding, a fresh seed."""
-        if not self.stochastic_rounding:
+    def _call_config(self, existing_amax: bool = False) -> _C.QuantConfig:
+        """The te_quant_config of one quantization: with stochastic rounding, a fresh seed;
+        ``existing_amax``: the global amaxes are given, not taken from the source."""
+        if not self.stochastic_rounding and not existing_amax:
             return self._config
-        seed = int(torch.randint(_SEED_HIGH, (1,), dtype=torch.int64).item())
+        seed = 0
+        if self.stochastic_rounding:
+            seed = int(torch.randint(_SEED_HIGH, (1,), dtype=torch.int64).item())
         return _C.QuantConfig(
-            with_2d_quantization=self.with_2d_quantization, stochastic_rounding=True, rng_seed=seed
+            compute_scale=existing_amax,  # te_quant_config reads a given amax only with it
+            use_existing_amax=existing_amax,
+            with_2d_quantization=self.with_2d_quantization,
+            stochastic_rounding=self.stochastic_rounding,
+            rng_seed=seed,
         )
 
-    def _run(self, x: torch.Tensor) -> tuple:
-        """(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax)."""
+    def _run(self, x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple:
+        """(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, amax);
+        ``amax``: fp32 [2] global amaxes to encode with (returned as given), else the source's."""
         x = self._source(x)
         if not x.shape:
             raise ValueError(
@@ -239,7 +251,14 @@ class NVFP4Quantizer(_MXQuantizer):
                 "two elements per byte along it), got a 0-dim tensor"
             )
         return _kernels.quantize_mx(
-            x, _NVFP4, None, self.rowwise_usage, self.columnwise_usage, self._call_config(), self.with_rht
+            x,
+            _NVFP4,
+            None,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self._call_config(amax is not None),
+            self.with_rht,
+            amax,
         )
 
     def _operand(self, tensor: torch.Tensor) -> tuple:
@@ -247,8 +266,10 @@ class NVFP4Quantizer(_MXQuantizer):
         rd, rs, cd, cs, amax = self._run(tensor)
         return _NVFP4, rd, rs, cd, cs, amax, self.with_rht
 
-    def _quantize(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> NVFP4Tensor:
-        rd, rs, cd, cs, amax = self._run(tensor)
+    def _quantize(
+        self, tensor: torch.Tensor, dtype: torch.dtype | None = None, amax: torch.Tensor | None = None
+    ) -> NVFP4Tensor:
+        rd, rs, cd, cs, amax = self._run(tensor, amax)
         return NVFP4Tensor(
             shape=tensor.shape,
             dtype=tensor.dtype if dtype is None else dtype,

@@ -23,10 +23,11 @@ te_dequantize undoes it, and te_gemm needs it on both operands of a contraction 
 Scale tables are padded to the tile cuBLASLt's block-scaled GEMM reads; te never writes or reads
 the padding.
 
-An MXFP8 view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard)
-keeps the row-wise copy in its [..., K] shape: the parts' geometry is then that copy's shape,
-not the view's, and dequantize / quantize_ go through ``_as_matrix()``. MXFP8 weights split into
-equal pieces of a multiple of 32 rows stay MXFP8 (FSDP2's shards: te_torch._fsdp).
+A view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard) keeps
+the row-wise copy in its [..., K] shape: the parts' geometry is then that copy's shape, not the
+view's, and dequantize / quantize_ go through ``_as_matrix()``. Weights split into equal pieces of
+whole blocks along the rows (a multiple of 32 rows for MXFP8, 16 for NVFP4) keep their format
+(FSDP2's shards: te_torch._fsdp); NVFP4 pieces keep the whole tensor's global amaxes.
 
 The numerics are te-core's (te_quantize / te_dequantize / te_gemm); nothing here computes a value.
 These tensors are eager-only for now: under torch.compile te has no MXFP8/NVFP4 ops registered.
@@ -40,7 +41,6 @@ from te_core import _C
 from te_torch import _fsdp, _kernels
 from te_torch._dtypes import check_fp8_dtype
 from te_torch._quantized_tensor import (
-    INNER_HANDLERS,
     QuantizedTensor,
     aten,
     block_view,
@@ -52,7 +52,6 @@ from te_torch._quantized_tensor import (
 )
 
 _MXFP8 = int(_C.ScalingMode.MXFP8_1D)
-_MX_BLOCK = 32
 _NVFP4 = int(_C.ScalingMode.NVFP4_1D)
 _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
 
@@ -75,8 +74,11 @@ class _MXTensor(QuantizedTensor):
     _with_2d_quantization: bool
     _quantizer: object
     _mode: int
-    # Subclasses define _like(rd, rs, cd, cs) (a tensor of the same format over other parts),
-    # _same_format(other), _default_quantizer() and _describe() (for repr).
+    _block_size: int  # elements of a block along the rows (each copy's own rows)
+    _elements_per_byte: int  # of the stored data (NVFP4 packs two)
+    # Subclasses define _like(rd, rs, cd, cs, amax=None, shape=None, dtype=None) (a tensor of the
+    # same format over other parts; amax is NVFP4's), _own_amax(zeros) (a piece's global amaxes:
+    # None for MXFP8), _same_format(other), _default_quantizer() and _describe() (for repr).
 
     @classmethod
     def _make(cls, shape, dtype, rd, rs, cd, cs, requires_grad) -> _MXTensor:
@@ -101,8 +103,12 @@ class _MXTensor(QuantizedTensor):
         return (self._mode, *self._parts())
 
     def _as_matrix(self) -> _MXTensor:
-        """This tensor in the shape its parts encode (itself but for an MXFP8Tensor's flat view)."""
-        return self
+        """This tensor in the shape its parts encode (itself but for a flat view)."""
+        rd = self._rowwise_data
+        if rd is None:
+            return self
+        shape = (*rd.shape[:-1], rd.shape[-1] * self._elements_per_byte)
+        return self if shape == tuple(self.shape) else self._like(*self._parts(), shape=shape)
 
     # -- numerics -------------------------------------------------------------------------------
 
@@ -150,10 +156,22 @@ class _MXTensor(QuantizedTensor):
         matrix = self._as_matrix()
         if matrix is not self:  # a flat view: quantize the rows it holds
             src = torch.broadcast_to(src, self.shape).reshape(matrix.shape)
-        quantizer.update_quantized(src, matrix)
+        group = _fsdp.amax_group(self._amax) if self._mode == _NVFP4 else None
+        if group is None:
+            quantizer.update_quantized(src, matrix)
+        else:  # an FSDP2 shard: the global amaxes of the whole weight, which every shard shares
+            quantizer.update_quantized(src, matrix, _fsdp.reduced_amaxes(quantizer, src, group))
         return self
 
     # -- torch integration ----------------------------------------------------------------------
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """FSDP2's all-gather extension: the shard's bytes and block scales (te_torch._fsdp)."""
+        return _fsdp.mx_pre_all_gather(self, mesh, outer_size)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded weight from the gathered copies (te_torch._fsdp)."""
+        return _fsdp.mx_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
         some = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
@@ -170,6 +188,8 @@ class MXFP8Tensor(_MXTensor):
     Built by MXFP8Quantizer; see the module docstring for the fields and layouts."""
 
     _mode = _MXFP8
+    _block_size = 32
+    _elements_per_byte = 1
     _fp8_dtype: torch.dtype
     _SPLIT_KEEPS_FP8 = (
         "MXFP8Tensor pieces stay MXFP8 when split along dim 0 into equal pieces of a multiple of "
@@ -197,10 +217,10 @@ class MXFP8Tensor(_MXTensor):
         self._quantizer = quantizer
         return self
 
-    def _like(self, rd, rs, cd, cs, shape=None) -> MXFP8Tensor:
+    def _like(self, rd, rs, cd, cs, amax=None, shape=None, dtype=None) -> MXFP8Tensor:
         return MXFP8Tensor(
             shape=self.shape if shape is None else shape,
-            dtype=self.dtype,
+            dtype=self.dtype if dtype is None else dtype,
             fp8_dtype=self._fp8_dtype,
             rowwise_data=rd,
             rowwise_scale_inv=rs,
@@ -210,9 +230,8 @@ class MXFP8Tensor(_MXTensor):
             quantizer=self._quantizer,
         )
 
-    def _as_matrix(self) -> MXFP8Tensor:
-        rd = self._rowwise_data
-        return self if rd is None or rd.shape == self.shape else self._like(*self._parts(), shape=rd.shape)
+    def _own_amax(self, zeros: bool = False) -> None:
+        return None
 
     def _same_format(self, other) -> bool:
         return (
@@ -233,14 +252,6 @@ class MXFP8Tensor(_MXTensor):
     def __tensor_flatten__(self):
         names = [n for n in _INNER if getattr(self, n) is not None]
         return names, (self._fp8_dtype, self.dtype, self._with_2d_quantization)
-
-    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        """FSDP2's all-gather extension: the shard's MXFP8 bytes and block scales (te_torch._fsdp)."""
-        return _fsdp.mx_pre_all_gather(self, outer_size)
-
-    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        """The unsharded weight from the gathered copies (te_torch._fsdp)."""
-        return _fsdp.mx_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
@@ -276,8 +287,14 @@ class NVFP4Tensor(_MXTensor):
     (NUMERICS.md "NVFP4BlockScaling"). Built by NVFP4Quantizer; see the module docstring."""
 
     _mode = _NVFP4
+    _block_size = 16
+    _elements_per_byte = 2
     _amax: torch.Tensor
     _columnwise_rht: bool
+    _SPLIT_KEEPS_FP8 = (
+        "NVFP4Tensor pieces stay NVFP4 when split along dim 0 into equal pieces of a multiple of "
+        "16 rows: under FSDP2, a weight whose rows are the shard count x a multiple of 16"
+    )
 
     def __new__(
         cls,
@@ -323,10 +340,10 @@ class NVFP4Tensor(_MXTensor):
     def _operand(self) -> tuple:
         return (self._mode, *self._parts(), self._amax, self._columnwise_rht)
 
-    def _like(self, rd, rs, cd, cs, amax=None) -> NVFP4Tensor:
+    def _like(self, rd, rs, cd, cs, amax=None, shape=None, dtype=None) -> NVFP4Tensor:
         return NVFP4Tensor(
-            shape=self.shape,
-            dtype=self.dtype,
+            shape=self.shape if shape is None else shape,
+            dtype=self.dtype if dtype is None else dtype,
             rowwise_data=rd,
             rowwise_scale_inv=rs,
             columnwise_data=cd,
@@ -336,6 +353,10 @@ class NVFP4Tensor(_MXTensor):
             with_2d_quantization=self._with_2d_quantization,
             quantizer=self._quantizer,
         )
+
+    def _own_amax(self, zeros: bool = False) -> torch.Tensor:
+        """The global amaxes of a piece (this tensor's, its own copy) or of zeros."""
+        return torch.zeros_like(self._amax) if zeros else self._amax.clone()
 
     def _same_format(self, other) -> bool:
         return (
@@ -416,49 +437,48 @@ def _rebuild_nvfp4_tensor(shape, dtype, rd, rs, cd, cs, amax, rht, tiles, requir
     )
 
 
-_MXTensor._HANDLERS = INNER_HANDLERS
+# -- row ops (FSDP2 shards a weight with split, new_zeros, narrow -> slice, view, as_strided) ---
+# A piece of whole blocks of rows (b x n rows: 32 for MXFP8, 16 for NVFP4) is a tensor of its own:
+# its rows' bytes and row-wise scales, and its columns of the column-wise copy with their b x 1
+# blocks' scales (each table re-padded); an NVFP4 piece keeps the whole tensor's global amaxes
+# (each block's scale is relative to them). The pieces are copies (the column-wise copy's
+# columns are no view of its rows).
 
 
-# -- MXFP8 row ops (FSDP2 shards a weight with split, new_zeros, narrow -> slice, view, as_strided) --
-# A piece of 32 x n rows is an MXFP8 tensor of its own: its rows' bytes and row-wise scales, and
-# its columns of the column-wise copy with their 32x1 blocks' scales (each table re-padded). The
-# pieces are copies (the column-wise copy's columns are no view of its rows).
-
-
-def _mx_part_shape(part: int, shape) -> tuple:
-    return tuple(_C.quantized_shape(_MXFP8, part, tuple(shape)))
+def part_shape(mode: int, part: int, shape) -> tuple:
+    return tuple(_C.quantized_shape(mode, part, tuple(shape)))
 
 
 _PART_RS, _PART_CS = int(_C.Part.ROWWISE_SCALE_INV), int(_C.Part.COLUMNWISE_SCALE_INV)
 
 
-def _mx_piece(t: MXFP8Tensor, start: int, rows: int) -> MXFP8Tensor:
-    """Rows [start, start + rows) of the 2-D ``t`` (start and rows multiples of 32), as copies."""
+def _mx_piece(t: _MXTensor, start: int, rows: int) -> _MXTensor:
+    """Rows [start, start + rows) of the 2-D ``t`` (start and rows whole blocks), as copies."""
     shape = (rows, t.shape[1])
     rd, rs, cd, cs = t._parts()
     if rd is not None:
         rd = rd[start : start + rows].clone()
-        table = rs.new_zeros(_mx_part_shape(_PART_RS, shape))
+        table = rs.new_zeros(part_shape(t._mode, _PART_RS, shape))
         table[:rows] = rs[start : start + rows, : table.shape[1]]
         rs = table
     if cd is not None:
-        cd = cd[:, start : start + rows].contiguous()
-        table = cs.new_zeros(_mx_part_shape(_PART_CS, shape))
-        blocks = rows // _MX_BLOCK
-        table[:, :blocks] = cs[: table.shape[0], start // _MX_BLOCK : start // _MX_BLOCK + blocks]
+        pack, b = t._elements_per_byte, t._block_size
+        cd = cd[:, start // pack : (start + rows) // pack].contiguous()
+        table = cs.new_zeros(part_shape(t._mode, _PART_CS, shape))
+        table[:, : rows // b] = cs[: table.shape[0], start // b : (start + rows) // b]
         cs = table
-    return t._like(rd, rs, cd, cs, shape=shape)
+    return t._like(rd, rs, cd, cs, t._own_amax(), shape=shape)
 
 
-def _mx_rows(t: MXFP8Tensor, dim: int) -> bool:
-    """Whether ``t`` is a 2-D MXFP8 matrix (not a flat view) cut along its rows (``dim`` 0)."""
+def _mx_rows(t: _MXTensor, dim: int) -> bool:
+    """Whether ``t`` is a 2-D matrix (not a flat view) cut along its rows (``dim`` 0)."""
     return t.dim() == 2 and t._as_matrix() is t and dim % 2 == 0
 
 
 def _mx_split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    rows = even_split(t, how, _MX_BLOCK) if _mx_rows(t, dim) else None
+    rows = even_split(t, how, t._block_size) if _mx_rows(t, dim) else None
     if rows is None:
         return NotImplemented
     return [_mx_piece(t, i * rows, rows) for i in range(t.shape[0] // rows)]
@@ -483,17 +503,22 @@ def _mx_new_zeros(func, args, kwargs):
     # FSDP2's padded shard: zeros of the shape of a piece that _mx_split keeps, as _new_zeros of
     # te_torch._blockwise_tensor
     t, size = args[0], tuple(args[1])
-    if not _mx_rows(t, 0) or kwargs.get("dtype") not in (None, t.dtype) or not even_piece(t, size, _MX_BLOCK):
+    ok = _mx_rows(t, 0) and kwargs.get("dtype") in (None, t.dtype) and even_piece(t, size, t._block_size)
+    if not ok:
         return NotImplemented
     device = kwargs.get("device") or t.device
+    pack = t._elements_per_byte
     rd, rs, cd, cs = t._parts()
     if rd is not None:
-        rd = torch.zeros(size, dtype=rd.dtype, device=device)
-        rs = torch.zeros(_mx_part_shape(_PART_RS, size), dtype=torch.uint8, device=device)
+        rd = torch.zeros((size[0], size[1] // pack), dtype=rd.dtype, device=device)
+        rs = torch.zeros(part_shape(t._mode, _PART_RS, size), dtype=torch.uint8, device=device)
     if cd is not None:
-        cd = torch.zeros((size[1], size[0]), dtype=cd.dtype, device=device)
-        cs = torch.zeros(_mx_part_shape(_PART_CS, size), dtype=torch.uint8, device=device)
-    return t._like(rd, rs, cd, cs, shape=size)
+        cd = torch.zeros((size[1], size[0] // pack), dtype=cd.dtype, device=device)
+        cs = torch.zeros(part_shape(t._mode, _PART_CS, size), dtype=torch.uint8, device=device)
+    amax = t._own_amax(zeros=True)
+    return t._like(rd, rs, cd, cs, None if amax is None else amax.to(device), shape=size)
 
 
-MXFP8Tensor._HANDLERS = row_handlers(block_view, _mx_split, _mx_whole, _mx_whole, _mx_new_zeros)
+MXFP8Tensor._HANDLERS = NVFP4Tensor._HANDLERS = row_handlers(
+    block_view, _mx_split, _mx_whole, _mx_whole, _mx_new_zeros
+)

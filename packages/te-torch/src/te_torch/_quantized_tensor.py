@@ -40,7 +40,7 @@ class QuantizedTensor(torch.Tensor):
     _SPLIT_KEEPS_FP8 = (
         "only Float8Tensor weights (DelayedScaling or Float8CurrentScaling under "
         "te.quantized_model_init), 128x128-tile Float8BlockwiseQTensor weights "
-        "(Float8BlockScaling) and MXFP8Tensor weights stay quantized when sharded"
+        "(Float8BlockScaling), MXFP8Tensor and NVFP4Tensor weights stay quantized when sharded"
     )
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -217,15 +217,16 @@ def even_split(t: torch.Tensor, how, block: int) -> int | None:
 def block_view(func, args, kwargs):
     """aten.view of a block-scaled tensor: keeping the last dim keeps every part's layout (M =
     numel / K rows either way); another last dim is a flat view over the unchanged parts, whose
-    geometry stays the row-wise copy's shape."""
+    geometry stays the row-wise copy's shape. Stored data may pack several elements a byte
+    (``_elements_per_byte``, NVFP4's 2) along that last dim."""
     t, size = args[0], args[1]
     rd = t._rowwise_data
     if rd is None:
         return NotImplemented
-    v = func(rd, size)
-    if v.dim() and v.shape[-1] == rd.shape[-1]:
-        rd = v
-    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=v.shape)
+    shape = func(torch.empty(t.shape, device="meta"), size).shape  # torch's own size checks
+    if shape and shape[-1] == rd.shape[-1] * getattr(t, "_elements_per_byte", 1):
+        rd = rd.view(*shape[:-1], rd.shape[-1])
+    return t._like(rd, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv, shape=shape)
 
 
 INNER_HANDLERS = {aten.detach.default: _detach, aten.clone.default: _clone, aten.copy_.default: _copy_}
