@@ -4,7 +4,7 @@ ranks as processes of this file; each prints its findings as one JSON line.
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
 RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose rows split into
-whole tiles), mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks) or nvfp4
+whole tiles), block1d (its 1x128-block weights, rows that split into whole 128-row blocks), mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks) or nvfp4
 (NVFP4BlockScaling: 16x16-tile weights, rows that split into whole 16-row blocks).
 CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
@@ -30,6 +30,7 @@ SHARD = {
     "current": "Float8Tensor",
     "delayed": "Float8Tensor",
     "block": "Float8BlockwiseQTensor",
+    "block1d": "Float8BlockwiseQTensor",
     "mxfp8": "MXFP8Tensor",
     "nvfp4": "NVFP4Tensor",
 }
@@ -37,6 +38,7 @@ WIRE = {
     "current": ["torch.uint8"],
     "delayed": ["torch.uint8"],
     "block": ["torch.uint8", "torch.float32"],
+    "block1d": ["torch.uint8", "torch.float32"] * 2,  # both copies: the column-wise one is no transpose
     "mxfp8": ["torch.uint8"] * 4,  # both copies (the column-wise one is no transpose) and scales
     "nvfp4": ["torch.uint8"] * 4,  # the same (E2M1 pairs, E4M3 scales)
 }
@@ -66,22 +68,30 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-# the weight recipe of each RECIPE's model, and its widths (LayerNormLinear out, Linear out,
-# LayerNormMLP ffn): block's rows are multiples of 256 (two shards of whole 128x128 tiles),
-# block_cut's 128 (two shards of half a tile), mxfp8's multiples of 64 (two of whole 32-row blocks),
-# nvfp4's of 32 (two of whole 16-row blocks)
+# each RECIPE's recipe (the weights' and autocast's), and its model's widths (LayerNormLinear
+# out, Linear out, LayerNormMLP ffn): block's rows are multiples of 256 (two shards of whole
+# 128x128 tiles; block1d's of whole 128-row blocks), block_cut's 128 (two shards of half a tile),
+# mxfp8's multiples of 64 (two of whole 32-row blocks), nvfp4's of 32 (two of whole 16-row blocks)
 _MODELS = {
-    "block": ("Float8BlockScaling", (256, 512, 128)),
-    "block_cut": ("Float8BlockScaling", (128, 128, 64)),
-    "mxfp8": ("MXFP8BlockScaling", (64, 128, 64)),
-    "nvfp4": ("NVFP4BlockScaling", (32, 64, 32)),
+    "current": ("Float8CurrentScaling", {}, (32, 48, 96)),
+    "delayed": ("DelayedScaling", {}, (32, 48, 96)),
+    "block": ("Float8BlockScaling", {}, (256, 512, 128)),
+    "block1d": ("Float8BlockScaling", {"w_block_scaling_dim": 1}, (256, 512, 128)),
+    "block_cut": ("Float8BlockScaling", {}, (128, 128, 64)),
+    "mxfp8": ("MXFP8BlockScaling", {}, (64, 128, 64)),
+    "nvfp4": ("NVFP4BlockScaling", {}, (32, 64, 32)),
 }
+
+
+def _recipe(te, name: str):
+    recipe, kwargs, _ = _MODELS[name]
+    return getattr(te.recipe, recipe)(**kwargs)
 
 
 def _build(te, seed: int, dev: str, recipe_name: str = "current"):
     torch.manual_seed(seed)
-    recipe, (a, b, ffn) = _MODELS.get(recipe_name, ("Float8CurrentScaling", (32, 48, 96)))
-    with te.quantized_model_init(recipe=getattr(te.recipe, recipe)()):
+    a, b, ffn = _MODELS[recipe_name][2]
+    with te.quantized_model_init(recipe=_recipe(te, recipe_name)):
         return torch.nn.Sequential(
             te.LayerNormLinear(64, a, device=dev),
             te.Linear(a, b, device=dev),
@@ -94,8 +104,10 @@ def _rowwise(t):
     weight; a tile scale table without its padding columns, which no kernel writes."""
     if hasattr(t, "_data"):  # Float8Tensor
         return t._data, t._scale_inv, t._transpose is None
-    if hasattr(t, "_is_2D_scaled"):  # 128x128 tiles: a row of scales per 128 rows
+    if getattr(t, "_is_2D_scaled", False):  # 128x128 tiles: a row of scales per 128 rows
         scale = t._rowwise_scale_inv[:, : -(-t.shape[-1] // 128)]
+    elif hasattr(t, "_is_2D_scaled"):  # 1x128 blocks: a column of scales per row
+        scale = t._rowwise_scale_inv[:, : t.shape[0]].t()
     else:  # MXFP8 / NVFP4: a row of scales per row, one per 32 / 16 elements
         scale = t._rowwise_scale_inv[: t.shape[0], : -(-t.shape[-1] // t._block_size)]
     return t._rowwise_data, scale, t._columnwise_data is None
@@ -315,13 +327,7 @@ def main() -> None:
     if dev == "cuda":
         torch.cuda.set_device(rank)
     mesh = dist.device_mesh.init_device_mesh(dev, (world,))
-    recipe = {
-        "current": te.recipe.Float8CurrentScaling(),
-        "delayed": te.recipe.DelayedScaling(),
-        "block": te.recipe.Float8BlockScaling(),
-        "mxfp8": te.recipe.MXFP8BlockScaling(),
-        "nvfp4": te.recipe.NVFP4BlockScaling(),
-    }[recipe_name]
+    recipe = _recipe(te, recipe_name)
     if case == "mixed_scales":
         out = _mixed_scales(te, recipe, recipe_name, mesh, rank, dev)
     elif case == "dcp":

@@ -11,31 +11,44 @@ from _fsdp2_rank import SHARD, WIRE, run
 @pytest.mark.parametrize(
     "world, recipe",
     # 3: uneven shards (32 / 48 / 96 rows); block: 128x128 tiles, two shards of whole tiles each;
-    # mxfp8 / nvfp4: two shards of whole 32- / 16-row blocks each
-    [(2, "current"), (2, "delayed"), (3, "current"), (2, "block"), (2, "mxfp8"), (2, "nvfp4")],
+    # block1d / mxfp8 / nvfp4: two shards of whole 128- / 32- / 16-row blocks each; 1: FSDP2's
+    # one-rank path, which gathers nothing (a single GPU)
+    [
+        (2, "current"),
+        (2, "delayed"),
+        (3, "current"),
+        (2, "block"),
+        (2, "block1d"),
+        (2, "mxfp8"),
+        (2, "nvfp4"),
+        (1, "block"),
+        (1, "nvfp4"),
+    ],
 )
 def test_fsdp2_fp8_shards_train_as_one_process(tmp_path, world, recipe):
     ranks = run(tmp_path, world, recipe, "train")
     for r in ranks:
         # every FP8 weight: a shard of 1-byte elements (NVFP4: element pairs) in the weight's
-        # format, row-wise only (MXFP8, NVFP4: both copies, the column-wise one being no
-        # transpose), with the reference's rows and their scale (the weight's one, or its rows'
-        # block scales, and NVFP4's global amaxes)
+        # format, row-wise only (1x128 blocks, MXFP8, NVFP4: both copies, the column-wise one
+        # being no transpose), with the reference's rows and their scale (the weight's one, or
+        # its rows' block scales, and NVFP4's global amaxes)
         assert len(r["shards"]) == 4
-        rowwise_only = recipe not in ("mxfp8", "nvfp4")
+        rowwise_only = recipe in ("current", "delayed", "block")
         for shard in r["shards"]:
             assert shard == [SHARD[recipe], 1, rowwise_only, True, True]
         for s in r["steps"]:
             # quantize_ on a shard took the whole weight's amax (per-tensor scales, NVFP4's global
             # amaxes) or quantized its own blocks as the whole weight does (block scales)
             assert s["scales_equal"]
-            if world == 2:  # (g + g) / 2 is exact: the gathered weights and outputs are the reference's
+            if world <= 2:  # (g + g) / 2 is exact: the gathered weights and outputs are the reference's
                 assert s["y_equal"], s
                 assert s["g_err"] == 0.0, s
             else:  # (g + g + g) / 3 rounds: an ulp apart, which the next steps carry
                 assert s["y_err"] < 1e-6 and s["g_err"] < 1e-6, s
         assert r["steps"][0]["y_equal"]
-        assert r["wire"] == [WIRE[recipe]] * 4  # FP8 bytes, not a high-precision copy
+        assert (
+            r["wire"] == [WIRE[recipe] if world > 1 else ["torch.uint8"]] * 4
+        )  # FP8 bytes, not a high-precision copy
 
 
 @pytest.mark.parametrize("recipe, what", [("current", "scales (scale_inv)"), ("nvfp4", "global amaxes")])
@@ -124,6 +137,45 @@ def test_block_row_ops_keep_the_format_at_tile_boundaries():
     # a row inside a tile or a cut through one: high precision
     assert type(padded[1:3]) is torch.Tensor and torch.equal(padded[1:3], padded.dequantize()[1:3])
     assert all(type(p) is torch.Tensor for p in torch.chunk(w, 3, dim=0))
+
+
+def test_block_1x128_row_ops_keep_both_copies_at_block_boundaries():
+    # fully_shard's ops on a 1x128-block weight: pieces of whole 128-row blocks keep both copies
+    # (the column-wise one has its own 128x1 blocks), each part a copy of the piece's own
+    import te_torch as te
+
+    with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling(w_block_scaling_dim=1)):
+        m = te.Linear(200, 384)  # K = 200: two blocks a row, the second partial
+    w = m.weight
+
+    def columnwise(t):  # the tensor as its column-wise copy alone sees it
+        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
+
+    pieces = torch.chunk(w, 3, dim=0)
+    assert all(type(p) is type(w) for p in pieces)
+    assert [tuple(p._rowwise_scale_inv.shape) for p in pieces] == [(2, 128)] * 3  # transposed scales
+    assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 128)] * 3
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
+    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
+    padded = w.new_zeros((128, 200))
+    assert type(padded) is type(w) and torch.equal(padded.dequantize(), torch.zeros(128, 200))
+    assert type(w.new_zeros((64, 200))) is torch.Tensor  # a piece split would cut a block in
+    padded.narrow(0, 0, 128).copy_(pieces[1])
+    assert torch.equal(padded.dequantize(), w.dequantize()[128:256])
+    assert torch.equal(columnwise(padded), columnwise(w)[128:256])
+    flat = padded.view(-1)
+    assert type(flat) is type(w) and torch.equal(flat.dequantize(), padded.dequantize().view(-1))
+    # quantizing through the flat view gives the whole weight's blocks: blocks are local
+    x = torch.randn(384, 200)
+    whole = te.Float8BlockQuantizer(torch.float8_e4m3fn, block_scaling_dim=1)(x)
+    flat.quantize_(x[128:256].reshape(-1))
+    assert torch.equal(padded.dequantize(), whole.dequantize()[128:256])
+    assert torch.equal(columnwise(padded), columnwise(whole)[128:256])
+    same = torch.as_strided(w, (384, 200), (200, 1))
+    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
+    # a row range off the whole tensor, or pieces cutting a block: high precision
+    assert type(w[0:128]) is torch.Tensor and torch.equal(w[0:128], w.dequantize()[0:128])
+    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 2, dim=0))
 
 
 def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
@@ -235,7 +287,7 @@ def test_an_nvfp4_shards_amaxes_are_the_quantizers_own(kwargs):
     "recipe, kwargs, rows, shards",
     [
         ("Float8BlockScaling", {}, 576, 3),  # 192 rows a shard: a cut through a tile
-        ("Float8BlockScaling", {"w_block_scaling_dim": 1}, 256, 2),  # 1x128 blocks
+        ("Float8BlockScaling", {"w_block_scaling_dim": 1}, 384, 2),  # 1x128 blocks, 192 rows a shard
         ("MXFP8BlockScaling", {}, 96, 2),  # 48 rows a shard: a cut through a 32-row block
         ("NVFP4BlockScaling", {}, 48, 2),  # 24 rows a shard: a cut through a 16-row block
     ],
@@ -258,8 +310,8 @@ def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, reci
     said = [r.getMessage() for r in caplog.records if "was split" in r.getMessage()]
     assert len(said) == 1 and f"{name} parameter" in said[0], said
     rule = {
-        "Float8BlockwiseQTensor": "only with 128x128 tiles (Float8BlockScaling's w_block_scaling_dim=2) "
-        "split along dim 0 into equal pieces of a multiple of 128 rows",
+        "Float8BlockwiseQTensor": "Float8BlockwiseQTensor pieces stay FP8 when split along dim 0 into "
+        "equal pieces of a multiple of 128 rows",
         "MXFP8Tensor": "MXFP8Tensor pieces stay MXFP8 when split along dim 0 into equal pieces of a "
         "multiple of 32 rows",
         "NVFP4Tensor": "NVFP4Tensor pieces stay NVFP4 when split along dim 0 into equal pieces of a "
@@ -268,7 +320,7 @@ def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, reci
     assert rule in said[0], said
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["current", "block", "block1d", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
     # torch.distributed.checkpoint saves the sharded FP8 weights and loads them into a model
     # built from other weights, which then computes the saved model's outputs bit for bit
@@ -276,7 +328,7 @@ def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
         assert r == {"equal": True, "shard": SHARD[recipe]}
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["current", "block", "block1d", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_under_bf16_mixed_precision_compute_as_one_process_in_bf16(tmp_path, recipe):
     # MixedPrecisionPolicy(param_dtype=bf16): the FP8 bytes are gathered as they are and the
     # unsharded weight's nominal dtype is bf16, so outputs are one process's fed bf16, bit for bit

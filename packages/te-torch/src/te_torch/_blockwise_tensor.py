@@ -16,7 +16,8 @@ transpose of the data and of the tile scales).
 
 A view that changes the last dimension (FSDP2 keeps a flat ``view(-1)`` of each shard) keeps the
 row-wise copy in its [..., K] shape: the parts' geometry is then ``_matrix_shape``, not the
-view's shape, and dequantize / quantize_ go through it.
+view's shape, and dequantize / quantize_ go through it. Weights split into equal pieces of a
+multiple of 128 rows keep their format (FSDP2's shards: te_torch._fsdp).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ class Float8BlockwiseQTensor(QuantizedTensor):
     _is_2D_scaled: bool
     _quantizer: object
     _SPLIT_KEEPS_FP8 = (
-        "Float8BlockwiseQTensor pieces stay FP8 only with 128x128 tiles (Float8BlockScaling's "
-        "w_block_scaling_dim=2) split along dim 0 into equal pieces of a multiple of 128 rows: "
-        "under FSDP2, a weight whose rows are the shard count x a multiple of 128"
+        "Float8BlockwiseQTensor pieces stay FP8 when split along dim 0 into equal pieces of a "
+        "multiple of 128 rows: under FSDP2, a weight whose rows are the shard count x a multiple "
+        "of 128"
     )
 
     def __new__(
@@ -219,12 +220,16 @@ class Float8BlockwiseQTensor(QuantizedTensor):
     # -- torch integration ----------------------------------------------------------------------
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        """FSDP2's all-gather extension: the shard's FP8 bytes and tile scales (te_torch._fsdp)."""
-        return _fsdp.block_pre_all_gather(self, mesh, outer_size)
+        """FSDP2's all-gather extension: the shard's FP8 bytes and block scales (te_torch._fsdp)."""
+        if self._is_2D_scaled:
+            return _fsdp.block_pre_all_gather(self, mesh, outer_size)
+        return _fsdp.block1d_pre_all_gather(self, mesh, outer_size)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         """The unsharded weight from the gathered bytes and scales (te_torch._fsdp)."""
-        return _fsdp.block_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
+        if self._is_2D_scaled:
+            return _fsdp.block_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
+        return _fsdp.block1d_post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
         def shape_of(t):
@@ -291,37 +296,52 @@ def _rebuild_blockwise_tensor(shape, dtype, fp8_dtype, rd, rs, cd, cs, is_2d, re
 
 
 # -- natively implemented ops ---------------------------------------------------------------------
-# FSDP2 shards a 128x128-tile weight by rows with split, new_zeros, narrow (-> slice), view and
-# as_strided. Whole tiles keep the format: a piece of 128 x n rows is its rows' bytes and its
-# tile rows' scales (a row range of the row-wise scale table). The pieces are row-wise only (a
-# view cannot also slice the column-wise copy), so of a tensor that has that copy, split gives
-# copies and slice takes the fallback (dequantized).
+# FSDP2 shards a weight by rows with split, new_zeros, narrow (-> slice), view and as_strided.
+# Pieces of 128 x n rows keep the format, their blocks being their own. 128x128 tiles: a piece is
+# its rows' bytes and its tile rows' scales (a row range of the row-wise scale table), row-wise
+# only (a view cannot also slice the column-wise copy), so of a tensor that has that copy, split
+# gives copies and slice takes the fallback (dequantized). 1x128 blocks: a piece is a copy of
+# both copies' parts (its columns of the row-wise scales, stored transposed, and of the
+# column-wise copy; its block rows of the column-wise scales), and slice keeps the whole tensor
+# only.
 
 
 def _rows(t: Float8BlockwiseQTensor, rd: torch.Tensor, rs: torch.Tensor) -> Float8BlockwiseQTensor:
     return t._like(rd, rs, None, None, shape=rd.shape)
 
 
-def _tile_rows(t: Float8BlockwiseQTensor, dim: int) -> bool:
-    """Whether ``t`` is a 2-D row-wise 128x128-tile matrix cut along its rows (``dim`` 0)."""
-    return (
-        t._is_2D_scaled
-        and t._rowwise_data is not None
-        and t.dim() == 2
-        and t._matrix_shape == t.shape
-        and dim % 2 == 0
-    )
+def _row_cut(t: Float8BlockwiseQTensor, dim: int) -> bool:
+    """Whether ``t`` is a 2-D matrix with its row-wise copy (not a flat view) cut along its rows
+    (``dim`` 0)."""
+    return t._rowwise_data is not None and t.dim() == 2 and t._matrix_shape == t.shape and dim % 2 == 0
+
+
+def _piece_1d(t: Float8BlockwiseQTensor, start: int, rows: int) -> Float8BlockwiseQTensor:
+    """Rows [start, start + rows) of the 2-D 1x128-block ``t`` (multiples of 128), as copies."""
+    shape = (rows, t.shape[1])
+    rd, rs, cd, cs = t._parts()
+    rd = rd[start : start + rows].clone()
+    table = rs.new_zeros(tuple(_C.quantized_shape(_BLOCK_1D, _PART_RS, shape)))
+    table[:, :rows] = rs[:, start : start + rows]
+    rs = table
+    if cd is not None:
+        cd = cd[:, start : start + rows].contiguous()
+        cs = cs[start // _BLOCK : (start + rows) // _BLOCK].clone()
+    return t._like(rd, rs, cd, cs, shape=shape)
 
 
 def _split(func, args, kwargs):
     t, how = args[0], args[1]
     dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-    rows = even_split(t, how, _BLOCK) if _tile_rows(t, dim) else None
+    rows = even_split(t, how, _BLOCK) if _row_cut(t, dim) else None
     if rows is None:
         return NotImplemented
+    count = t.shape[0] // rows
+    if not t._is_2D_scaled:
+        return [_piece_1d(t, i * rows, rows) for i in range(count)]
     per = rows // _BLOCK
     rd, rs = t._rowwise_data, t._rowwise_scale_inv
-    pieces = [(rd[i * rows : (i + 1) * rows], rs[i * per : (i + 1) * per]) for i in range(t.shape[0] // rows)]
+    pieces = [(rd[i * rows : (i + 1) * rows], rs[i * per : (i + 1) * per]) for i in range(count)]
     if t._columnwise_data is not None:
         pieces = [(d.clone(), s.clone()) for d, s in pieces]
     return [_rows(t, d, s) for d, s in pieces]
@@ -330,11 +350,13 @@ def _split(func, args, kwargs):
 def _slice(func, args, kwargs):
     t = args[0]
     dim, start, end, step = slice_args(args, kwargs)
-    if not _tile_rows(t, dim) or t._columnwise_data is not None or step != 1:
+    if not _row_cut(t, dim) or step != 1:
         return NotImplemented
     m = t.shape[0]
     start, end, _ = slice(start, end).indices(m)
-    if start % _BLOCK:
+    if not t._is_2D_scaled:  # FSDP2's sharded parameter over its padded shard: the whole tensor
+        return t._like(*t._parts()) if (start, end) == (0, m) else NotImplemented
+    if start % _BLOCK or t._columnwise_data is not None:
         return NotImplemented
     end = max(end, start)
     rs = t._rowwise_scale_inv[start // _BLOCK : -(-end // _BLOCK)]
@@ -359,14 +381,23 @@ def _as_strided(func, args, kwargs):
 
 def _new_zeros(func, args, kwargs):
     # FSDP2's padded shard: zeros of the shape of a piece that _split keeps (equal pieces of whole
-    # tiles), else the shards would be FP8 where the split made them high precision
+    # blocks), else the shards would be FP8 where the split made them high precision
     t, size = args[0], tuple(args[1])
-    if not _tile_rows(t, 0) or kwargs.get("dtype") not in (None, t.dtype) or not even_piece(t, size, _BLOCK):
+    if not _row_cut(t, 0) or kwargs.get("dtype") not in (None, t.dtype) or not even_piece(t, size, _BLOCK):
         return NotImplemented
     device = kwargs.get("device") or t.device
+
+    def scales(part):
+        return torch.zeros(tuple(_C.quantized_shape(t._mode, part, size)), dtype=torch.float32, device=device)
+
     rd = torch.zeros(size, dtype=t._rowwise_data.dtype, device=device)
-    rs_shape = tuple(_C.quantized_shape(_BLOCK_2D, _PART_RS, size))
-    return _rows(t, rd, torch.zeros(rs_shape, dtype=torch.float32, device=device))
+    if t._is_2D_scaled:
+        return _rows(t, rd, scales(_PART_RS))
+    cd = cs = None
+    if t._columnwise_data is not None:
+        cd = torch.zeros((size[1], size[0]), dtype=t._columnwise_data.dtype, device=device)
+        cs = scales(_PART_CS)
+    return t._like(rd, scales(_PART_RS), cd, cs, shape=size)
 
 
 Float8BlockwiseQTensor._HANDLERS = row_handlers(block_view, _split, _slice, _as_strided, _new_zeros)

@@ -16,19 +16,23 @@ own before it: a clear error on every rank, not silently mixed bytes).
 A 128x128-tile ``Float8BlockwiseQTensor`` weight (Float8BlockScaling) whose shards are whole
 tiles (rows = shard count x a multiple of 128) is sharded the same way, each shard with its tile
 rows' scales, which go over the wire beside the bytes. Its tiles are each shard's own, so a shard
-re-quantizes alone exactly as the whole weight would. An ``MXFP8Tensor`` weight whose shards are
-whole 32-row blocks likewise, with both copies (the column-wise one is its own quantization, not
-a transpose): after the gather, the shards' column-wise pieces [K, rows] are laid side by side
-into the weight's [K, M]. An ``NVFP4Tensor`` weight whose shards are whole 16-row blocks is
-sharded as MXFP8 is (E2M1 pairs, E4M3 block scales), its shards sharing the whole weight's global
-amaxes as per-tensor shards share a scale: checked at the first all-gather, and reduced over the
-FSDP group when a shard is re-quantized. Other shard sizes are split to high precision (INFO
-once, from the split).
+re-quantizes alone exactly as the whole weight would.
+
+Block formats whose column-wise copy is its own quantization (blocks along the rows), not a
+transpose, send both copies, and after the gather the shards' column-wise pieces [K, rows] are
+laid side by side into the weight's [K, M]: 1x128-block weights with such shards (their row-wise
+scales, stored transposed, side by side too), ``MXFP8Tensor`` weights whose shards are whole
+32-row blocks, and ``NVFP4Tensor`` weights whose shards are whole 16-row blocks. NVFP4 shards
+share the whole weight's global amaxes as per-tensor shards share a scale: checked at the first
+all-gather, and reduced over the FSDP group when a shard is re-quantized.
+
+Other shard sizes are split to high precision (INFO once, from the split).
 """
 
 from __future__ import annotations
 
 import torch
+from te_core import _C
 from torch.utils.weak import WeakIdKeyDictionary
 
 from te_torch import _kernels
@@ -115,11 +119,36 @@ def post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype
     return full, (transpose,)
 
 
+def _gathered(inputs: list, mesh, metadata: tuple) -> tuple:
+    """fsdp_pre_all_gather's return of several inputs. On a one-rank mesh they travel packed
+    into one uint8 tensor: FSDP2's one-rank path (torch 2.11-2.13) copies only the first input
+    into its unsharded buffers."""
+    if mesh.size() > 1:
+        return tuple(inputs), (None, *metadata)
+    packed = torch.cat([i.reshape(-1).view(torch.uint8) for i in inputs])
+    return (packed,), ([(i.shape, i.dtype) for i in inputs], *metadata)
+
+
+def _outputs(outputs: tuple, metadata: tuple) -> tuple:
+    """(the gathered inputs, the hook's metadata): unpacks what _gathered packed."""
+    layout, *metadata = metadata
+    if layout is None:
+        return outputs, metadata
+    parts, at = [], 0
+    for shape, dtype in layout:
+        n = shape.numel() * dtype.itemsize
+        parts.append(outputs[0][at : at + n].view(dtype).view(shape))
+        at += n
+    return tuple(parts), metadata
+
+
 def block_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
     """fsdp_pre_all_gather of a 128x128-tile shard (whole tiles, equal on every rank): its
     row-wise bytes (uint8) and its tile rows' scales (fp32 [rows / 128, R(ceil(K / 128), 4)])."""
     _need_rowwise(t, t._rowwise_data)
-    return (t._rowwise_data.view(torch.uint8), t._rowwise_scale_inv), (t._fp8_dtype, outer_size)
+    return _gathered(
+        [t._rowwise_data.view(torch.uint8), t._rowwise_scale_inv], mesh, (t._fp8_dtype, outer_size)
+    )
 
 
 def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
@@ -127,7 +156,7 @@ def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch
     the whole weight's row-wise copy; its column-wise copy is their exact transpose."""
     from te_torch._blockwise_tensor import _PART_CS, Float8BlockwiseQTensor
 
-    fp8_dtype, outer_size = metadata
+    outputs, (fp8_dtype, outer_size) = _outputs(outputs, metadata)
     if out is not None:  # its row-wise parts are the re-gathered outputs already
         out._transposed_2d(
             out._rowwise_data,
@@ -151,6 +180,51 @@ def block_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch
     return full, (full._columnwise_data, full._columnwise_scale_inv)
 
 
+def block1d_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
+    """fsdp_pre_all_gather of a 1x128-block shard (whole 128-row blocks, equal on every rank): each
+    copy's bytes (uint8) and scales, the row-wise ones [ceil(K / 128), rows] (stored transposed),
+    the column-wise ones [rows / 128, R(K, 4)]: every part is exactly the shard's, no padding."""
+    _need_rowwise(t, t._rowwise_data)
+    rd, rs, cd, cs = t._parts()
+    inputs = [rd.view(torch.uint8), rs]
+    if cd is not None:
+        inputs += [cd.view(torch.uint8), cs]
+    return _gathered(inputs, mesh, (outer_size, t.shape[0]))
+
+
+def block1d_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dtype, out=None):
+    """fsdp_post_all_gather of a 1x128-block weight: the gathered row-wise bytes and column-wise
+    scales (block rows) are the weight's; the row-wise scales and the column-wise bytes (their
+    columns) are laid side by side into the weight's own."""
+    from te_torch._blockwise_tensor import _BLOCK_1D, _PART_RS, Float8BlockwiseQTensor
+
+    outputs, (outer_size, rows) = _outputs(outputs, metadata)
+    m, k = outer_size
+    full = out
+    if full is None:
+        rs = outputs[1].new_empty(tuple(_C.quantized_shape(_BLOCK_1D, _PART_RS, outer_size)))
+        cd = cs = None
+        if len(outputs) > 2:
+            cd = torch.empty((k, m), dtype=t._fp8_dtype, device=rs.device)
+            cs = outputs[3]
+        own = (rs,) if cd is None else (rs, cd)
+        full = Float8BlockwiseQTensor(
+            shape=outer_size,
+            dtype=param_dtype,
+            fp8_dtype=t._fp8_dtype,
+            rowwise_data=outputs[0].view(t._fp8_dtype).view(outer_size),
+            rowwise_scale_inv=rs,
+            columnwise_data=cd,
+            columnwise_scale_inv=cs,
+            is_2D_scaled=False,
+        )
+    _side_by_side(outputs[1], full._rowwise_scale_inv.shape[0], rows, full._rowwise_scale_inv)
+    if len(outputs) > 2:
+        _side_by_side(outputs[2], k, rows, full._columnwise_data.view(torch.uint8))
+    # FSDP frees and re-allocates these around each reshard; the gathered parts are its own
+    return None if out is not None else (full, own)
+
+
 def mx_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
     """fsdp_pre_all_gather of an MXFP8 / NVFP4 shard (whole blocks of rows, equal on every rank):
     each copy's bytes (uint8) and the valid rows of its block-scale table (padding columns
@@ -164,7 +238,7 @@ def mx_pre_all_gather(t, mesh, outer_size: torch.Size) -> tuple:
     inputs = [rd.view(torch.uint8), rs[:rows]]
     if cd is not None:
         inputs += [cd.view(torch.uint8), cs[:k]]
-    return tuple(inputs), (outer_size, rows, amax)
+    return _gathered(inputs, mesh, (outer_size, rows, amax))
 
 
 def _side_by_side(gathered: torch.Tensor, k: int, cols: int, out: torch.Tensor) -> None:
@@ -183,7 +257,7 @@ def mx_post_all_gather(t, outputs: tuple, metadata: tuple, param_dtype: torch.dt
     pieces are laid side by side into the weight's own [K, M] copy and its scale table."""
     from te_torch._mx_tensor import _PART_CS, _PART_RS, part_shape
 
-    outer_size, rows, amax = metadata
+    outputs, (outer_size, rows, amax) = _outputs(outputs, metadata)
     m, k = outer_size
     pack = t._elements_per_byte
     full, own = out, []

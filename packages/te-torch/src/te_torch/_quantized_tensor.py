@@ -36,12 +36,9 @@ class QuantizedTensor(torch.Tensor):
 
     # ops a subclass implements natively: {aten overload: handler(func, args, kwargs)}
     _HANDLERS: dict[Any, Callable] = {}
-    # when a split parameter's pieces keep the format (the INFO of one that does not says it)
-    _SPLIT_KEEPS_FP8 = (
-        "only Float8Tensor weights (DelayedScaling or Float8CurrentScaling under "
-        "te.quantized_model_init), 128x128-tile Float8BlockwiseQTensor weights "
-        "(Float8BlockScaling), MXFP8Tensor and NVFP4Tensor weights stay quantized when sharded"
-    )
+    # when a split parameter's pieces keep the format (the INFO of one that does not says it);
+    # every subclass states its rule
+    _SPLIT_KEEPS_FP8: str
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
