@@ -1,11 +1,14 @@
-"""te.init_scaling_state: DelayedScaling state made before the first step, so
-torch.distributed.checkpoint (DCP, one process here) restores a trained model's scaling state
-into a model that has not run, and the restored model's next step is the original's bit for bit.
-Without it DCP skips the state (the destination has none to load into): shown, not hidden."""
+"""DelayedScaling state through torch.distributed.checkpoint (DCP, one process here): a trained
+model's scaling state restored into a model that has not run (whose state is empty) or whose
+state has another history length, and the restored model's next step the original's bit for
+bit; te.init_scaling_state, the state made before the first step; the _extra_state value
+(te_torch._extra_state.ExtraState) through torch.save / weights_only loads and copies."""
 
-from __future__ import annotations
-
+import collections
+import copy
+import io
 import warnings
+from collections.abc import Mapping
 
 import pytest
 import te_torch as te
@@ -63,28 +66,44 @@ def _dcp_round_trip(src: torch.nn.Module, dst: torch.nn.Module, path) -> None:
     dst.load_state_dict(sd)
 
 
-def test_dcp_restores_the_scaling_state_into_a_model_that_has_not_run(tmp_path):
+@pytest.mark.parametrize("made", [None, 4, 16])  # the destination's state: none, or a history of 4 / 16
+def test_dcp_restores_the_scaling_state_into_a_model_that_has_not_run(tmp_path, made):
     torch.manual_seed(0)
     a = _model()
     for seed in (1, 2):
         _step(a, seed)
     b = _model()
-    te.init_scaling_state(b, DELAYED)
+    if made is not None:
+        te.init_scaling_state(b, te.recipe.DelayedScaling(amax_history_len=made))
     _dcp_round_trip(a, b, tmp_path / "ckpt")
+    assert torch.equal(b[2].weight, a[2].weight)
     assert_same_state(a, b)
     for got, want in zip(_step(b, 3), _step(a, 3), strict=True):
         assert torch.equal(got, want)
     assert_same_state(a, b)
 
 
-def test_without_it_dcp_skips_the_scaling_state(tmp_path):
+def test_the_extra_state_value_reads_as_a_dict_and_saves_as_one():
     torch.manual_seed(0)
     a = _model()
     _step(a, 1)
-    b = _model()
-    _dcp_round_trip(a, b, tmp_path / "ckpt")
-    assert all(m.state_dict()["_extra_state"] == {} for m in b if hasattr(m, "_gemms"))
-    assert torch.equal(b[2].weight, a[2].weight)  # the weights came through
+    sd = a.state_dict()
+    extra = sd["3._extra_state"]  # LayerNormMLP: {"fc1": {...}, "fc2": {...}}
+    assert not isinstance(extra, Mapping)  # DCP keeps it one object
+    assert set(extra) == {"fc1", "fc2"} and len(extra) == 2 and "fc1" in extra
+    assert set(extra["fc1"]) == {"fwd_amax_history", "fwd_scale", "bwd_amax_history", "bwd_scale"}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert type(loaded["3._extra_state"]) is collections.OrderedDict
+    assert torch.equal(loaded["2._extra_state"]["fwd_scale"], sd["2._extra_state"]["fwd_scale"])
+    for state in (loaded, sd, copy.deepcopy(sd)):  # a pickled checkpoint, the values, a copy
+        b = _model()
+        b.load_state_dict(state)
+        assert_same_state(a, b)
+    assert type(copy.deepcopy(sd)["2._extra_state"]) is type(extra)
+    assert _model()[2].state_dict()["_extra_state"] == {}
 
 
 def test_made_state_is_a_first_steps():

@@ -20,8 +20,8 @@ This slice provides TE's quantizers and quantized tensors:
   recomputes te modules outside their te.autocast region);
 - ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
   weights only (train them with fp32 master weights; see its docstring);
-- ``init_scaling_state``: a model's DelayedScaling state made before its first step, so
-  ``torch.distributed.checkpoint`` can load a checkpoint's state into it;
+- ``init_scaling_state``: a model's DelayedScaling state made before its first step, in the
+  recipe's layout;
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;

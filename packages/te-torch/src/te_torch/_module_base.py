@@ -5,7 +5,8 @@ TE-named weight/bias parameters, and the recipe state of their GEMMs (``Quantize
 (_gemm_state.EXTRA_KEYS, Linear's format); a module with several saves ``{gemm name: dict}``
 (LayerNormMLP: ``{"fc1": ..., "fc2": ...}``). Only plain tensors in dicts, so
 ``torch.load(..., weights_only=True)`` reads a checkpoint; empty dicts before any
-delayed-scaling step.
+delayed-scaling step. The dict is wrapped in an ExtraState (te_torch._extra_state), which
+torch.distributed.checkpoint saves and loads whole.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import warnings
 
 import torch
 
+from te_torch._extra_state import ExtraState, as_dict
 from te_torch._gemm_state import GemmState
 from te_torch._info_once import info_once
 from te_torch._te_extra_state import is_te_extra_state, read_te_extra_state
@@ -213,16 +215,17 @@ class QuantizedModule(torch.nn.Module):
             )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def get_extra_state(self) -> dict:
+    def get_extra_state(self) -> ExtraState:
         """DelayedScaling state as plain tensors (see the module docstring)."""
         if len(self._gemms) == 1:
-            return next(iter(self._gemms.values())).extra_state()
+            return ExtraState(next(iter(self._gemms.values())).extra_state())
         states = {name: g.extra_state() for name, g in self._gemms.items()}
-        return states if any(states.values()) else {}
+        return ExtraState(states if any(states.values()) else {})
 
     def set_extra_state(self, state) -> None:
         owner = type(self).__name__
         dev = self._state_device()
+        state = as_dict(state)
         if is_te_extra_state(state):  # a Transformer Engine checkpoint (TE 2.x's format)
             for g, st in zip(
                 self._gemms.values(), read_te_extra_state(state, len(self._gemms), owner), strict=True

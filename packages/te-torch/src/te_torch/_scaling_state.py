@@ -1,13 +1,10 @@
 """``te.init_scaling_state``: a model's DelayedScaling state made before its first step.
 
 A te module creates its DelayedScaling state (amax histories and scales) on its first quantized
-step, so a model that has not run has an empty ``_extra_state``. ``torch.load`` +
-``load_state_dict`` restores the state into such a model anyway (the checkpoint's dict replaces
-the empty one), but ``torch.distributed.checkpoint`` (DCP: ``dcp.load``, FSDP2's and torchtitan's
-checkpoints) loads into the destination's own tensors and skips what the destination lacks: the
-restored model would start again from fresh scales and an empty history, silently (TE users meet
-the same with its ``_extra_state``). Creating the state first, as the first step under the recipe
-would, gives DCP the tensors to load into.
+step, so a model that has not run has an empty ``_extra_state``. Loading a checkpoint restores
+the state into such a model anyway (``load_state_dict``, and ``torch.distributed.checkpoint``,
+which loads te's ``_extra_state`` whole: te_torch._extra_state). Creating it first, as the first
+step under the recipe would, gives the modules the recipe's layout before any step.
 """
 
 from __future__ import annotations
@@ -28,13 +25,11 @@ def init_scaling_state(model: torch.nn.Module, recipe=None) -> None:
     scales [3] and its backward ones [amax_history_len, 2] / [2], fp32 on the module's weight
     device: zeros and ones, so the next step is a first step. A GEMM whose history has another
     length is resized to the recipe's (the newest rows kept), as the next step would. Other
-    recipes keep no state between steps: nothing changes. Call it before
-    ``torch.distributed.checkpoint.load`` into a model that has not run (docs/linear.rst).
+    recipes keep no state between steps: nothing changes.
 
     Args:
         model: a te module or a module containing them.
-        recipe: the recipe training will use (its ``amax_history_len`` must be the checkpoint's);
-            None: autocast's default (``te.get_default_recipe()``).
+        recipe: the recipe training will use; None: autocast's default (``te.get_default_recipe()``).
 
     Raises:
         TypeError: ``model`` is not a torch.nn.Module, or ``recipe`` is not a te recipe.
