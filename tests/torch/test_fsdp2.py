@@ -320,12 +320,14 @@ def test_a_weight_split_to_high_precision_says_when_shards_stay_fp8(caplog, reci
     assert rule in said[0], said
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "block1d", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["current", "delayed", "block", "block1d", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_round_trip_through_dcp(tmp_path, recipe):
-    # torch.distributed.checkpoint saves the sharded FP8 weights and loads them into a model
-    # built from other weights, which then computes the saved model's outputs bit for bit
+    # torch.distributed.checkpoint saves the sharded FP8 weights (and DelayedScaling's state) and
+    # loads them into a model built fresh from other weights, which then computes the saved
+    # model's outputs bit for bit
+    states = 16 if recipe == "delayed" else 0  # amax history and scale, fwd and bwd, of 4 GEMMs
     for r in run(tmp_path, 2, recipe, "dcp"):
-        assert r == {"equal": True, "shard": SHARD[recipe]}
+        assert r == {"equal": True, "shard": SHARD[recipe], "states": states, "states_equal": True}
 
 
 @pytest.mark.parametrize("recipe", ["current", "block", "block1d", "mxfp8", "nvfp4"])
