@@ -36,7 +36,7 @@ def test_fsdp2_fp8_shards_train_as_one_process_on_cuda(tmp_path, recipe):
         assert r["wire"] == [WIRE[recipe] if world > 1 else ["torch.uint8"]] * 4
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "block1d", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["current", "delayed", "block", "block1d", "mxfp8", "nvfp4"])
 def test_fsdp2_fp8_shards_round_trip_through_dcp_on_cuda(tmp_path, recipe):
     for r in run(tmp_path, _world(), recipe, "dcp", "cuda"):
         assert r["equal"] and r["states_equal"] and r["shard"] == SHARD[recipe], r
