@@ -264,6 +264,17 @@ def test_nvfp4_row_ops_keep_the_format_and_the_global_amaxes(tiles):
     assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))  # 24 rows: a cut block
 
 
+def test_update_quantized_amax_says_what_it_expects():
+    import te_torch as te
+
+    x = torch.randn(32, 64)
+    nv, mx = te.NVFP4Quantizer(), te.MXFP8Quantizer(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"amax: expected the fp32 \[2\] global amaxes .* on cpu, got"):
+        nv.update_quantized(x, nv(x), torch.ones(1))
+    with pytest.raises(ValueError, match="MXFP8 has no global amax; pass None"):
+        mx.update_quantized(x, mx(x), torch.ones(2))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"with_2d_quantization": True}, {}, {"with_rht": True}, {"with_rht": True, "columnwise": False}],

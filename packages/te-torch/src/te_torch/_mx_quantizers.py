@@ -36,6 +36,24 @@ def _check_bool(owner: str, name: str, v) -> bool:
     return v
 
 
+def _check_amax(owner: str, amax, dst) -> None:
+    """update_quantized's ``amax``: NVFP4's fp32 [2] global amaxes on ``dst``'s device."""
+    if owner != "NVFP4Quantizer":
+        raise ValueError(f"{owner}.update_quantized: amax: MXFP8 has no global amax; pass None")
+    ok = (
+        isinstance(amax, torch.Tensor)
+        and amax.dtype == torch.float32
+        and amax.shape == (2,)
+        and amax.device == dst.device
+    )
+    if not ok:
+        got = (amax.dtype, tuple(amax.shape), str(amax.device)) if isinstance(amax, torch.Tensor) else amax
+        raise ValueError(
+            f"{owner}.update_quantized: amax: expected the fp32 [2] global amaxes (row-wise, "
+            f"column-wise copy) on {dst.device}, got {got}"
+        )
+
+
 class _MXQuantizer(Quantizer):
     """What MXFP8Quantizer and NVFP4Quantizer share: eager checks, in-place re-quantization."""
 
@@ -69,6 +87,8 @@ class _MXQuantizer(Quantizer):
         cls = MXFP8Tensor if self._mode == _MXFP8 else NVFP4Tensor
         if not isinstance(dst, cls):
             raise TypeError(f"dst: expected a {cls.__name__}, got {type(dst).__name__}")
+        if amax is not None:
+            _check_amax(type(self).__name__, amax, dst)
         if src.shape != dst.shape:
             src = expand_source(src, dst)
         if src.dtype not in _SOURCE_DTYPES:
