@@ -4,8 +4,9 @@ ranks as processes of this file; each prints its findings as one JSON line.
     python _fsdp2_rank.py RANK WORLD RENDEZVOUS_FILE RECIPE CASE DEVICE
 
 RECIPE: current, delayed, block (Float8BlockScaling: 128x128-tile weights whose rows split into
-whole tiles), block1d (its 1x128-block weights, rows that split into whole 128-row blocks), mxfp8 (MXFP8BlockScaling: rows that split into whole 32-row blocks) or nvfp4
-(NVFP4BlockScaling: 16x16-tile weights, rows that split into whole 16-row blocks).
+whole tiles), block1d (its 1x128-block weights, rows that split into whole 128-row blocks), mxfp8
+(MXFP8BlockScaling: rows that split into whole 32-row blocks) or nvfp4 (NVFP4BlockScaling:
+16x16-tile weights, rows that split into whole 16-row blocks).
 CASE: train (FSDP2 against one process, both training with fp32 master weights), mixed_scales
 (ranks with different weights: the first all-gather must fail), dcp (a save and load through
 torch.distributed.checkpoint), mixed_precision (MixedPrecisionPolicy with bf16 params),
