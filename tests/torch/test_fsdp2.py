@@ -139,6 +139,27 @@ def test_block_row_ops_keep_the_format_at_tile_boundaries():
     assert all(type(p) is torch.Tensor for p in torch.chunk(w, 3, dim=0))
 
 
+def _columnwise(t):
+    """A block-scaled tensor as its column-wise copy alone sees it (dequantized)."""
+    return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
+
+
+def _assert_pieces_are_its_rows(w, pieces) -> None:
+    """Row pieces of ``w`` that kept its format: both copies are ``w``'s, row range by row range."""
+    assert all(type(p) is type(w) for p in pieces)
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
+    assert torch.equal(torch.cat([_columnwise(p) for p in pieces]), _columnwise(w))
+
+
+def _assert_only_whole_blocks_keep_it(w, rows: slice, cut_chunks: int) -> None:
+    """FSDP2's unsharded weight (as_strided over the whole) is ``w`` itself; a row range off the
+    whole tensor (``rows``) and ``cut_chunks`` chunks cutting a block are high precision."""
+    same = torch.as_strided(w, tuple(w.shape), (w.shape[1], 1))
+    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
+    assert type(w[rows]) is torch.Tensor and torch.equal(w[rows], w.dequantize()[rows])
+    assert all(type(p) is torch.Tensor for p in torch.chunk(w, cut_chunks, dim=0))
+
+
 def test_block_1x128_row_ops_keep_both_copies_at_block_boundaries():
     # fully_shard's ops on a 1x128-block weight: pieces of whole 128-row blocks keep both copies
     # (the column-wise one has its own 128x1 blocks), each part a copy of the piece's own
@@ -148,21 +169,16 @@ def test_block_1x128_row_ops_keep_both_copies_at_block_boundaries():
         m = te.Linear(200, 384)  # K = 200: two blocks a row, the second partial
     w = m.weight
 
-    def columnwise(t):  # the tensor as its column-wise copy alone sees it
-        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
-
     pieces = torch.chunk(w, 3, dim=0)
-    assert all(type(p) is type(w) for p in pieces)
+    _assert_pieces_are_its_rows(w, pieces)
     assert [tuple(p._rowwise_scale_inv.shape) for p in pieces] == [(2, 128)] * 3  # transposed scales
     assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 128)] * 3
-    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
-    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
     padded = w.new_zeros((128, 200))
     assert type(padded) is type(w) and torch.equal(padded.dequantize(), torch.zeros(128, 200))
     assert type(w.new_zeros((64, 200))) is torch.Tensor  # a piece split would cut a block in
     padded.narrow(0, 0, 128).copy_(pieces[1])
     assert torch.equal(padded.dequantize(), w.dequantize()[128:256])
-    assert torch.equal(columnwise(padded), columnwise(w)[128:256])
+    assert torch.equal(_columnwise(padded), _columnwise(w)[128:256])
     flat = padded.view(-1)
     assert type(flat) is type(w) and torch.equal(flat.dequantize(), padded.dequantize().view(-1))
     # quantizing through the flat view gives the whole weight's blocks: blocks are local
@@ -170,12 +186,8 @@ def test_block_1x128_row_ops_keep_both_copies_at_block_boundaries():
     whole = te.Float8BlockQuantizer(torch.float8_e4m3fn, block_scaling_dim=1)(x)
     flat.quantize_(x[128:256].reshape(-1))
     assert torch.equal(padded.dequantize(), whole.dequantize()[128:256])
-    assert torch.equal(columnwise(padded), columnwise(whole)[128:256])
-    same = torch.as_strided(w, (384, 200), (200, 1))
-    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
-    # a row range off the whole tensor, or pieces cutting a block: high precision
-    assert type(w[0:128]) is torch.Tensor and torch.equal(w[0:128], w.dequantize()[0:128])
-    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 2, dim=0))
+    assert torch.equal(_columnwise(padded), _columnwise(whole)[128:256])
+    _assert_only_whole_blocks_keep_it(w, slice(0, 128), 2)
 
 
 def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
@@ -187,14 +199,9 @@ def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
         m = te.Linear(200, 192)  # K = 200: 7 blocks of 32 a row, the last partial
     w = m.weight
 
-    def columnwise(t):  # the tensor as its column-wise copy alone sees it
-        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
-
     pieces = torch.chunk(w, 3, dim=0)  # 64 rows each: neither scale table's padding multiple
-    assert all(type(p) is type(w) for p in pieces)
+    _assert_pieces_are_its_rows(w, pieces)
     assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 64)] * 3
-    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
-    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
     padded = w.new_zeros((64, 200))
     assert type(w.new_zeros((48, 200))) is torch.Tensor  # a piece split would cut a block in
     padded.narrow(0, 0, 64).copy_(pieces[1])
@@ -207,12 +214,8 @@ def test_mxfp8_row_ops_keep_the_format_at_block_boundaries():
     whole = te.MXFP8Quantizer(torch.float8_e4m3fn)(x)
     flat.quantize_(x[64:128].reshape(-1))
     assert torch.equal(padded.dequantize(), whole.dequantize()[64:128])
-    assert torch.equal(columnwise(padded), columnwise(whole)[64:128])
-    same = torch.as_strided(w, (192, 200), (200, 1))
-    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
-    # a row range off the whole tensor, or pieces cutting a block: high precision
-    assert type(w[32:64]) is torch.Tensor and torch.equal(w[32:64], w.dequantize()[32:64])
-    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))
+    assert torch.equal(_columnwise(padded), _columnwise(whole)[64:128])
+    _assert_only_whole_blocks_keep_it(w, slice(32, 64), 4)
 
 
 @pytest.mark.parametrize("tiles", [True, False])  # 16x16 tiles (weights' default) / 1x16 blocks
@@ -228,15 +231,10 @@ def test_nvfp4_row_ops_keep_the_format_and_the_global_amaxes(tiles):
     w = m.weight
     assert w._with_2d_quantization is tiles
 
-    def columnwise(t):  # the tensor as its column-wise copy alone sees it
-        return t._like(None, None, t._columnwise_data, t._columnwise_scale_inv).dequantize()
-
     pieces = torch.chunk(w, 3, dim=0)  # 32 rows each
-    assert all(type(p) is type(w) for p in pieces)
+    _assert_pieces_are_its_rows(w, pieces)
     assert [tuple(p._columnwise_data.shape) for p in pieces] == [(200, 16)] * 3  # 32 rows, packed
     assert all(torch.equal(p._amax, w._amax) and p._amax is not w._amax for p in pieces)
-    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), w.dequantize())
-    assert torch.equal(torch.cat([columnwise(p) for p in pieces]), columnwise(w))
     padded = w.new_zeros((32, 200))
     assert type(padded) is type(w) and torch.equal(padded.dequantize(), torch.zeros(32, 200))
     assert type(w.new_zeros((24, 200))) is torch.Tensor  # a piece split would cut a block in
@@ -257,11 +255,8 @@ def test_nvfp4_row_ops_keep_the_format_and_the_global_amaxes(tiles):
     w._quantizer.update_quantized(x[32:64], padded, whole._amax.clone())
     assert torch.equal(padded._amax, whole._amax)
     assert torch.equal(padded.dequantize(), whole.dequantize()[32:64])
-    assert torch.equal(columnwise(padded), columnwise(whole)[32:64])
-    same = torch.as_strided(w, (96, 200), (200, 1))
-    assert type(same) is type(w) and same._columnwise_data is w._columnwise_data
-    assert type(w[16:32]) is torch.Tensor and torch.equal(w[16:32], w.dequantize()[16:32])
-    assert all(type(p) is torch.Tensor for p in torch.chunk(w, 4, dim=0))  # 24 rows: a cut block
+    assert torch.equal(_columnwise(padded), _columnwise(whole)[32:64])
+    _assert_only_whole_blocks_keep_it(w, slice(16, 32), 4)  # 4 chunks: 24 rows, a cut block
 
 
 def test_update_quantized_amax_says_what_it_expects():
