@@ -15,13 +15,11 @@ FP8 weights), high_precision (weights not quantized, DelayedScaling with the ama
 the ranks). DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
 
-import json
-import os
-import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
+from _ranks import finish, init_rank, run_ranks
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -47,22 +45,7 @@ WIRE = {
 
 def run(tmp_path, world: int, recipe: str, case: str, device: str = "cpu") -> list[dict]:
     """Runs the ranks of ``case`` and returns each rank's findings (asserting that all exit 0)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    rdzv = str(tmp_path / "rdzv")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(world), rdzv, recipe, case, device],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in range(world)
-    ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, f"rank exit status {p.returncode}; stdout: {out[-300:]!r}; stderr: {err}"
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return run_ranks(__file__, tmp_path, world, recipe, case, device)
 
 
 def _local(t):
@@ -329,11 +312,8 @@ def _high_precision(te, recipe, mesh, rank: int, world: int, dev: str) -> dict:
 def main() -> None:
     import te_torch as te
 
-    rank, world, path, recipe_name, case, dev = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
-    backend = "nccl" if dev == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method="file://" + path, rank=rank, world_size=world)
-    if dev == "cuda":
-        torch.cuda.set_device(rank)
+    dev = sys.argv[6]
+    rank, world, path, (recipe_name, case, _) = init_rank(dev)
     mesh = dist.device_mesh.init_device_mesh(dev, (world,))
     recipe = _recipe(te, recipe_name)
     if case == "mixed_scales":
@@ -348,12 +328,7 @@ def main() -> None:
         out = _high_precision(te, recipe, mesh, rank, world, dev)
     else:
         out = _train(te, recipe, recipe_name, mesh, rank, world, dev)
-    print(json.dumps(out), flush=True)
-    dist.destroy_process_group()
-    # skip the interpreter's teardown: twice in a few hundred runs under load a rank aborted
-    # there ("terminate called without an active exception", a joinable thread destroyed at
-    # exit, not te's: te-core starts none) after its findings were out
-    os._exit(0)
+    finish(out)
 
 
 if __name__ == "__main__":
