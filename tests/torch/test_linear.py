@@ -270,8 +270,6 @@ def test_bad_inputs_say_what_to_do():
         pytest.raises(NotImplementedError, match=r"te.Linear: CustomRecipe is not supported yet"),
     ):
         m(torch.randn(4, 64))
-    with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
-        te.Linear(4, 4, tp_size=2, device="cpu")
     with pytest.raises(TypeError, match="params_dtype"):
         te.Linear(4, 4, params_dtype=torch.float64, device="cpu")
     with pytest.raises(TypeError, match="unexpected keyword argument 'foo'"):

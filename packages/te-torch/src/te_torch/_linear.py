@@ -40,11 +40,18 @@ from te_torch._module_base import (
     init_weight,
     parameter,
     reject_kwargs,
-    reject_parallel,
     split_sizes,
     warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
+from te_torch._tensor_parallel import (
+    TensorParallel,
+    group_size,
+    local_features,
+    mark_parallel,
+    parallel_config,
+    rng_fork,
+)
 from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["Linear"]
@@ -113,8 +120,22 @@ class Linear(SingleGemmModule):
             (and bias) are registered as separate parameters ``{name}_weight`` / ``{name}_bias``
             along dim 0, concatenated in forward.
         name: a label (TE's; not used in computation).
-    Tensor/sequence parallelism, userbuffers and delayed wgrad are not implemented yet; setting
-    them raises NotImplementedError.
+        parallel_mode: None, or 'column' / 'row' to split the layer over the ranks of
+            ``tp_group`` (tensor parallelism, Megatron-LM's scheme; te_torch._tensor_parallel):
+            'column' keeps this rank's out_features / tp_size rows of the weight and bias and
+            returns its columns of y ([..., out_features / tp_size]); 'row' keeps in_features /
+            tp_size columns of the weight, takes that slice of the input's last dimension, and
+            returns y summed over the ranks (the whole bias added after the sum).
+            ``in_features`` / ``out_features`` then read the local sizes, as in TE.
+        tp_group: the torch.distributed group of the split (its size is the split's), or None
+            with ``tp_size`` and ``set_tensor_parallel_group(group)`` before the first forward.
+        sequence_parallel: with a split over more than one rank, the activations outside the
+            layer are split along their first dimension: a column layer all-gathers its input
+            and a row layer reduce-scatters its output (that dimension must divide by tp_size).
+        get_rng_state_tracker, rng_tracker_name: the weight is initialised under
+            ``get_rng_state_tracker().fork()`` (``fork(rng_tracker_name)``), as TE does.
+    Userbuffers and delayed wgrad are not implemented yet; setting them raises
+    NotImplementedError.
     """
 
     def __init__(
@@ -141,18 +162,34 @@ class Linear(SingleGemmModule):
         super().__init__()
         owner = "Linear"
         reject_kwargs(owner, kwargs)
-        reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
         check_size(owner, "in_features", in_features)
         check_size(owner, "out_features", out_features)
         check_init_method(owner, "init_method", init_method)
+        check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
+        group, size, mode, sp = parallel_config(owner, tp_group, tp_size, parallel_mode, sequence_parallel)
+        self.tp_group, self.tp_size, self.parallel_mode, self.sequence_parallel = group, size, mode, sp
+        split = split_sizes(owner, parameters_split, out_features)
+        if mode == "column":
+            out_features = local_features(owner, "out_features", out_features, size, mode)
+            if split is not None:
+                split = {
+                    n: local_features(owner, f"parameters_split[{n!r}]", v, size, mode)
+                    for n, v in split.items()
+                }
+        elif mode == "row":
+            in_features = local_features(owner, "in_features", in_features, size, mode)
+        self._tp = TensorParallel(owner, group, size, mode, sp) if mode is not None and size > 1 else None
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        # a row split adds the bias after the sum over the ranks, not in the GEMM
+        self._gemm_adds_bias = not (self.return_bias or (self._tp is not None and mode == "row"))
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.init_method, self.name = init_method, name
+        self._rng = (get_rng_state_tracker, rng_tracker_name)
         self.params_dtype = params_dtype
-        self._split = split_sizes(owner, parameters_split, out_features)
+        self._split = split
         if self._split is not None and self.fuse_wgrad_accumulation:
             raise NotImplementedError(
                 "Linear: fuse_wgrad_accumulation with parameters_split is not implemented yet"
@@ -165,11 +202,28 @@ class Linear(SingleGemmModule):
         quantize_module_weights(self, self._weight_names, "Linear", self._split)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
-        """Weight from ``init_method`` (default normal(0, 0.023)), bias zero."""
+        """Weight from ``init_method`` (default normal(0, 0.023)), under the RNG tracker's fork
+        where one was given; bias zero; the tensor-parallel attributes set (TE's)."""
         if defer_init:
             return
-        reset_linear_params(self)
+        with rng_fork(*self._rng):
+            reset_linear_params(self)
+        mark_parallel(
+            [getattr(self, n) for n in self._weight_names],
+            [getattr(self, n) for n in self._bias_names],
+            self.parallel_mode,
+            self.sequence_parallel,
+        )
         self._gemm.ctx = None
+
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """TE's: the group of a layer built with ``tp_size`` and no ``tp_group`` (its size must
+        be ``tp_size``). A layer that is not split only keeps it."""
+        if self._tp is not None:
+            self._tp.set_group(tp_group)
+        elif tp_group is not None:
+            group_size("Linear", "set_tensor_parallel_group", tp_group)
+        self.tp_group = tp_group
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"
@@ -201,6 +255,18 @@ class Linear(SingleGemmModule):
             (DelayedScaling: the grad-input slot), for a preceding te layer to use as it is.
         Outside autocast both flags are ignored, as in TE. See docs/linear.rst.
         """
+        tp = self._tp
+        if tp is None:
+            out, bias = self._forward_local(inp, is_first_microbatch, fp8_output, fp8_grad)
+        else:
+            out, bias = tp.run(
+                self._forward_local, inp, is_first_microbatch, fp8_output, fp8_grad, self.return_bias
+            )
+        return (out, bias) if self.return_bias else out
+
+    def _forward_local(self, inp, is_first_microbatch, fp8_output, fp8_grad) -> tuple:
+        """(y, bias) of this rank's weight (the whole layer's without tensor parallelism), the
+        bias added where ``_gemm_adds_bias``."""
         try:  # free unless it raises: a 0-dim tensor or a non-tensor fails in shape[-1]
             if inp.shape[-1] != self.in_features or inp.dtype not in FLOAT_DTYPES:
                 bad_input("Linear", inp, self.in_features)
@@ -211,7 +277,7 @@ class Linear(SingleGemmModule):
         if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
-        gemm_bias = None if self.return_bias else bias
+        gemm_bias = bias if self._gemm_adds_bias else None
         s = _STATE
         if s.fp8:
             c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
@@ -244,7 +310,7 @@ class Linear(SingleGemmModule):
                 self._gemm.calibrate(inp, weight, s.recipe, s.group)
             warn_if_recomputed("Linear", self._gemm)
             out = linear(inp, weight, gemm_bias, self.fuse_wgrad_accumulation)
-        return (out, bias) if self.return_bias else out
+        return out, bias
 
     # Under torch.compile this runs eagerly (a graph break): its quantized outputs and inputs
     # are not traced yet.
@@ -256,7 +322,7 @@ class Linear(SingleGemmModule):
         if not s.fp8:  # TE ignores fp8_output / fp8_grad outside autocast: high precision
             if isinstance(inp, QuantizedTensor):
                 inp = DequantizeFn.apply(inp, inp.dtype)
-            return self.forward(inp, first)
+            return self._forward_local(inp, first, False, False)
         weight, bias = linear_params(self)
         c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
         if c.block:
@@ -264,7 +330,7 @@ class Linear(SingleGemmModule):
         c.register_forward()
         out_q, gi_q = io_quantizers(c, fp8_output, fp8_grad)
         out = LinearIOFn.apply(
-            inp, weight, None if self.return_bias else bias, c, first, self.fuse_wgrad_accumulation,
+            inp, weight, bias if self._gemm_adds_bias else None, c, first, self.fuse_wgrad_accumulation,
             out_q, gi_q,
         )  # fmt: skip
-        return (out, bias) if self.return_bias else out
+        return out, bias

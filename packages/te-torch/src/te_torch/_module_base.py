@@ -49,7 +49,7 @@ def reject_parallel(owner: str, sequence_parallel, tp_size, tp_group, parallel_m
     if sequence_parallel or tp_size != 1 or tp_group is not None or parallel_mode:
         raise NotImplementedError(
             f"{owner}: tensor/sequence parallelism (tp_group, tp_size, parallel_mode / "
-            "set_parallel_mode, sequence_parallel) is not implemented in te yet"
+            f"set_parallel_mode, sequence_parallel) is not implemented for {owner} yet (te.Linear has it)"
         )
 
 
