@@ -103,6 +103,47 @@ def reset_linear_params(module) -> None:
                 b.zero_()
 
 
+def linear_step(owner: str, gemm: GemmState, features, inp, weight, gemm_bias, first, fuse: bool):
+    """``inp W^T`` (+ ``gemm_bias``) as a te module's GEMM runs it: quantized inside te.autocast
+    with the module's state ``gemm`` (``features``: its sizes, for block scaling's checks), else in
+    high precision (recording amaxes when calibrating); ``first`` is is_first_microbatch,
+    ``fuse`` fuse_wgrad_accumulation. te.Linear's forward, and a tensor-parallel LayerNormLinear's
+    GEMM after its norm and collective."""
+    s = _STATE
+    if s.fp8:
+        c = gemm.ctx_for(s.recipe, s.group, weight.device)
+        if c.delayed:
+            _autocast.register_forward(c.fwd_entry)
+        elif c.block:
+            check_dims(owner, c.recipe, c.block, inp, features)
+        eager = c.packed_ok and is_eager(inp)
+        x = inp
+        grad = torch.is_grad_enabled()
+        if not (grad or eager):
+            x, weight, gemm_bias = detached(inp, weight, gemm_bias)
+        # the eager per-tensor step pads inside, with no output slice (_linear_step)
+        n_pad = 0
+        if not (c.block or (eager and c.per_tensor)):
+            n_pad = pad_count(inp, weight, any_rows=c.per_tensor)
+        x = pad(x, n_pad) if n_pad else x
+        if grad or not eager:
+            if eager and not transforms_active():
+                apply = _STEP_APPLY
+            else:
+                apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
+            out = apply(x, weight, gemm_bias, c, first, fuse)
+        else:
+            out = _linear_step.forward(None, x, weight, gemm_bias, c, first, False)
+        if n_pad:
+            out = unpad(out, inp.shape[:-1])
+    else:
+        if s.calibrating:
+            gemm.calibrate(inp, weight, s.recipe, s.group)
+        warn_if_recomputed(owner, gemm)
+        out = linear(inp, weight, gemm_bias, fuse)
+    return out
+
+
 class Linear(SingleGemmModule):
     """TE's ``Linear``: ``y = x W^T + b`` for x [..., in_features] -> [..., out_features].
 
@@ -278,38 +319,10 @@ class Linear(SingleGemmModule):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
         gemm_bias = bias if self._gemm_adds_bias else None
-        s = _STATE
-        if s.fp8:
-            c = self._gemm.ctx_for(s.recipe, s.group, weight.device)
-            if c.delayed:
-                _autocast.register_forward(c.fwd_entry)
-            elif c.block:
-                check_dims("Linear", c.recipe, c.block, inp, self._features)
-            eager = c.packed_ok and is_eager(inp)
-            x = inp
-            grad = torch.is_grad_enabled()
-            if not (grad or eager):
-                x, weight, gemm_bias = detached(inp, weight, gemm_bias)
-            # the eager per-tensor step pads inside, with no output slice (_linear_step)
-            n_pad = 0
-            if not (c.block or (eager and c.per_tensor)):
-                n_pad = pad_count(inp, weight, any_rows=c.per_tensor)
-            x = pad(x, n_pad) if n_pad else x
-            if grad or not eager:
-                if eager and not transforms_active():
-                    apply = _STEP_APPLY
-                else:
-                    apply = LinearFn.apply if wrapper_needed() else _LINEAR_APPLY
-                out = apply(x, weight, gemm_bias, c, is_first_microbatch, self.fuse_wgrad_accumulation)
-            else:
-                out = _linear_step.forward(None, x, weight, gemm_bias, c, is_first_microbatch, False)
-            if n_pad:
-                out = unpad(out, inp.shape[:-1])
-        else:
-            if s.calibrating:
-                self._gemm.calibrate(inp, weight, s.recipe, s.group)
-            warn_if_recomputed("Linear", self._gemm)
-            out = linear(inp, weight, gemm_bias, self.fuse_wgrad_accumulation)
+        out = linear_step(
+            "Linear", self._gemm, self._features, inp, weight, gemm_bias, is_first_microbatch,
+            self.fuse_wgrad_accumulation,
+        )  # fmt: skip
         return out, bias
 
     # Under torch.compile this runs eagerly (a graph break): its quantized outputs and inputs

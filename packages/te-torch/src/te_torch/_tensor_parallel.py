@@ -204,12 +204,6 @@ class TensorParallel:
         """(out, bias) of ``local(inp, first, fp8_output, fp8_grad)`` (the module's own step on
         its shard, which leaves a row layer's bias to this: added after the sum unless
         ``return_bias``) with the collectives around it."""
-        group = self.group
-        if group is None:
-            raise RuntimeError(
-                f"{self.owner}: tp_size={self.size} but no tensor-parallel group: pass tp_group= or "
-                "call set_tensor_parallel_group(group) before the forward"
-            )
         quantized = type(inp) is not torch.Tensor and isinstance(inp, QuantizedTensor)
         if self.mode == "column":
             if quantized or fp8_grad:
@@ -217,26 +211,44 @@ class TensorParallel:
                     f"{self.owner}: a quantized input or fp8_grad with parallel_mode='column' is not "
                     "implemented yet (the input's gradient is all-reduced in high precision)"
                 )
-            if self.sequence_parallel:
-                self._check_rows(inp, "the input", 1)
-                inp = _GatherRows.apply(inp, group)
-            else:
-                inp = _CopyToGroup.apply(inp, group)
-            return local(inp, first, fp8_output, fp8_grad)
+            return local(self.column_input(inp), first, fp8_output, fp8_grad)
         if fp8_output:
             raise NotImplementedError(
                 f"{self.owner}: fp8_output with parallel_mode='row' is not implemented yet (the output "
                 "is summed over the ranks in high precision)"
             )
+        self._group()
         out, bias = local(inp, first, False, fp8_grad)
+        return self.row_output(out, bias, return_bias), bias
+
+    def column_input(self, inp: torch.Tensor) -> torch.Tensor:
+        """A column layer's input: all-gathered along dim 0 (sequence parallel), else as it is
+        (its gradient all-reduced)."""
+        group = self._group()
+        if self.sequence_parallel:
+            self._check_rows(inp, "the input", 1)
+            return _GatherRows.apply(inp, group)
+        return _CopyToGroup.apply(inp, group)
+
+    def row_output(self, out: torch.Tensor, bias, return_bias: bool) -> torch.Tensor:
+        """A row layer's output: summed over the ranks (each keeping its rows, sequence
+        parallel), then the bias added unless ``return_bias``."""
         if self.sequence_parallel:
             self._check_rows(out, "the output", self.size)
-            out = _ScatterRows.apply(out, group)
+            out = _ScatterRows.apply(out, self.group)
         else:
-            out = _ReduceInGroup.apply(out, group)
+            out = _ReduceInGroup.apply(out, self.group)
         if bias is not None and not return_bias:
             out = out + bias.to(out.dtype)
-        return out, bias
+        return out
+
+    def _group(self):
+        if self.group is None:
+            raise RuntimeError(
+                f"{self.owner}: tp_size={self.size} but no tensor-parallel group: pass tp_group= or "
+                "call set_tensor_parallel_group(group) before the forward"
+            )
+        return self.group
 
     def _check_rows(self, t: torch.Tensor, what: str, multiple: int) -> None:
         if t.dim() == 0 or t.shape[0] % multiple:
