@@ -5,7 +5,8 @@ file; each prints its findings as one JSON line.
 
 CASE: linear (te.Linear split by columns and by rows, with and without sequence parallelism,
 against the same shard in a te.Linear of its own with the collectives written out, and against the
-whole layer in fp32), mlp (Megatron's MLP: a column layer, gelu, a row layer, against the whole
+whole layer in fp32), layernorm_linear (te.LayerNormLinear split by columns against the whole
+layer in fp32), mlp (Megatron's MLP: a column layer, gelu, a row layer, against the whole
 MLP in fp32), errors (misuse that must fail on every rank before any collective). RECIPE: none
 (high precision), current, delayed, block. DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
@@ -47,6 +48,16 @@ def check_linear(ranks: list[dict], recipe: str) -> None:
         assert r["column_sp"]["shapes"] == [[M, N // 2], [M // 2, K]]
         assert r["row"]["shapes"] == [[M, N], [M, K // 2]]
         assert r["row_sp"]["shapes"] == [[M // 2, N], [M, K // 2]]
+
+
+def check_layernorm_linear(ranks: list[dict], recipe: str) -> None:
+    """Asserts the layernorm_linear case's findings: within MLP_TOLERANCE of fp32 (a norm and a
+    GEMM), the norm output returned gathered or not."""
+    for r in ranks:
+        for split in ("tp", "sp"):
+            assert max(r[split]["err"].values()) < MLP_TOLERANCE[recipe], (split, r[split])
+        assert r["tp"]["ln_out"] == [M, K] and r["sp"]["ln_out"] == [M // 2, K]
+        assert r["sp"]["ln_out_gathered"] == [M, K]
 
 
 def check_mlp(ranks: list[dict], recipe: str) -> None:
@@ -195,6 +206,54 @@ def _mlp(te, recipe, rank: int, world: int, dev: str) -> dict:
     return out
 
 
+def _layernorm_linear(te, recipe, rank: int, world: int, dev: str) -> dict:
+    """te.LayerNormLinear split by columns (the norm, then the column collective and GEMM)."""
+    torch.manual_seed(2)
+    w, b = torch.randn(N, K, device=dev) * 0.05, torch.randn(N, device=dev)
+    gamma, beta = 1 + 0.1 * torch.randn(K, device=dev), 0.1 * torch.randn(K, device=dev)
+    x, dy = torch.randn(M, K, device=dev) * 3 + 1, torch.randn(M, N, device=dev)
+    leaves = [t.clone().requires_grad_() for t in (w, b, gamma, beta, x)]
+    y_ref = F.linear(F.layer_norm(leaves[4], (K,), leaves[2], leaves[3], 1e-5), leaves[0], leaves[1])
+    y_ref.backward(dy)
+    n, m = N // world, M // world
+    cols, rows = slice(rank * n, rank * n + n), slice(rank * m, rank * m + m)
+    out = {}
+    for sp in (False, True):
+        layer = te.LayerNormLinear(
+            K, N, parallel_mode="column", tp_group=dist.group.WORLD, sequence_parallel=sp,
+            return_layernorm_output=True, device=dev,
+        )  # fmt: skip
+        _set(layer, w[cols], b[cols])
+        with torch.no_grad():
+            layer.layer_norm_weight.copy_(gamma)
+            layer.layer_norm_bias.copy_(beta)
+        xin = (x[rows] if sp else x).clone().requires_grad_()
+        with te.autocast(enabled=recipe is not None, recipe=recipe):
+            y, ln_out = layer(xin)
+        y.backward(dy[:, cols])
+        dgamma, dbeta = layer.layer_norm_weight.grad.clone(), layer.layer_norm_bias.grad.clone()
+        if sp:  # each rank's part of the norm's gradients: the loop all-reduces them
+            dist.all_reduce(dgamma)
+            dist.all_reduce(dbeta)
+        found = {"ln_out": list(ln_out.shape)}
+        found["err"] = {
+            "y": _err(y, y_ref[:, cols]),
+            "dx": _err(xin.grad, leaves[4].grad[rows] if sp else leaves[4].grad),
+            "dw": _err(layer.weight.grad, leaves[0].grad[cols]),
+            "db": _err(layer.bias.grad, leaves[1].grad[cols]),
+            "dgamma": _err(dgamma, leaves[2].grad),
+            "dbeta": _err(dbeta, leaves[3].grad),
+        }
+        if sp:
+            gathered = te.LayerNormLinear(
+                K, N, parallel_mode="column", tp_group=dist.group.WORLD, sequence_parallel=True,
+                return_layernorm_output=True, return_layernorm_output_gathered=True, device=dev,
+            )  # fmt: skip
+            found["ln_out_gathered"] = list(gathered(xin.detach())[1].shape)
+        out["sp" if sp else "tp"] = found
+    return out
+
+
 def _errors(te, rank: int, world: int, dev: str) -> dict:
     """Each misuse's message (None where nothing was raised)."""
     g = dist.group.WORLD
@@ -240,6 +299,8 @@ def main() -> None:
     recipe = _recipe(te, recipe_name)
     if case == "mlp":
         out = _mlp(te, recipe, rank, world, dev)
+    elif case == "layernorm_linear":
+        out = _layernorm_linear(te, recipe, rank, world, dev)
     elif case == "errors":
         out = _errors(te, rank, world, dev)
     else:

@@ -273,10 +273,8 @@ def test_bad_arguments_say_what_is_expected():
         te.LayerNormLinear(8, 8, normalization="BatchNorm", device="cpu")
     with pytest.raises(ValueError, match=r"LayerNormLinear: in_features: expected an int >= 1, got 0"):
         te.LayerNormLinear(0, 8, device="cpu")
-    with pytest.raises(NotImplementedError, match="return_layernorm_output_gathered"):
-        te.LayerNormLinear(8, 8, return_layernorm_output_gathered=True, device="cpu")
-    with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
-        te.LayerNormLinear(8, 8, sequence_parallel=True, device="cpu")
+    with pytest.raises(NotImplementedError, match="parallel_mode='row' is not implemented"):
+        te.LayerNormLinear(8, 8, parallel_mode="row", tp_size=2, device="cpu")
     with pytest.raises(TypeError, match="unexpected keyword argument 'foo'"):
         te.LayerNormLinear(8, 8, foo=1, device="cpu")
     m = te.LayerNormLinear(64, 32, device="cpu")

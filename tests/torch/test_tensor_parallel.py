@@ -1,4 +1,4 @@
-"""te.Linear's tensor and sequence parallelism (parallel_mode, tp_group, sequence_parallel): each
+"""te.Linear's and te.LayerNormLinear's tensor and sequence parallelism (parallel_mode, tp_group, sequence_parallel): each
 case runs two ranks as processes over gloo on the CPU (_tp_rank.py) and checks every output and
 gradient twice, bit for bit against the rank's shard run as a te.Linear of its own with the
 collectives written out, and against the whole layer computed in fp32."""
@@ -6,12 +6,17 @@ collectives written out, and against the whole layer computed in fp32."""
 import pytest
 import te_torch as te
 import torch
-from _tp_rank import check_linear, check_mlp, run
+from _tp_rank import check_layernorm_linear, check_linear, check_mlp, run
 
 
 @pytest.mark.parametrize("recipe", ["none", "current", "delayed", "block"])
 def test_linear_split_by_columns_and_rows_computes_the_whole_layer(tmp_path, recipe):
     check_linear(run(tmp_path, 2, "linear", recipe), recipe)
+
+
+@pytest.mark.parametrize("recipe", ["none", "current"])
+def test_layernorm_linear_split_by_columns_computes_the_whole_layer(tmp_path, recipe):
+    check_layernorm_linear(run(tmp_path, 2, "layernorm_linear", recipe), recipe)
 
 
 @pytest.mark.parametrize("recipe", ["none", "current"])

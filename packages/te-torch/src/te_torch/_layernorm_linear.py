@@ -19,7 +19,7 @@ from te_torch._fp8_io import check_flags, io_quantizers
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import DequantizeFn, linear, norm
 from te_torch._layernorm_linear_fn import LayerNormLinearFn
-from te_torch._linear import linear_params, register_linear_params, reset_linear_params
+from te_torch._linear import linear_params, linear_step, register_linear_params, reset_linear_params
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
@@ -35,12 +35,19 @@ from te_torch._module_base import (
     parameter,
     register_norm_params,
     reject_kwargs,
-    reject_parallel,
     reset_norm_params,
     split_sizes,
     warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
+from te_torch._tensor_parallel import (
+    TensorParallel,
+    group_size,
+    local_features,
+    mark_parallel,
+    parallel_config,
+    rng_fork,
+)
 from te_torch._token_pad import pad, pad_count, unpad
 
 __all__ = ["LayerNormLinear"]
@@ -63,9 +70,17 @@ class LayerNormLinear(SingleGemmModule):
         return_layernorm_output: also return the norm's output (high precision, x's dtype).
         bias, return_bias, params_dtype, device, init_method, fuse_wgrad_accumulation,
         parameters_split, name: as ``te.Linear`` (parameters ``weight`` [out, in], ``bias``).
+        parallel_mode, tp_group, tp_size, sequence_parallel, get_rng_state_tracker,
+        rng_tracker_name: as ``te.Linear``'s, with 'column' the one split (a row split would
+            normalize a slice of the features): the norm runs on the rank's input (its rows
+            with ``sequence_parallel``, whose norm parameters' gradients are then each rank's
+            part, marked ``sequence_parallel``), its output goes to the split GEMM through the
+            column layer's collective, unfused (te_torch._tensor_parallel).
+        return_layernorm_output_gathered: with ``sequence_parallel``, the norm output returned
+            is the all-gathered one (TE's).
     ``forward`` returns ``out``, then ``bias`` if ``return_bias``, then the norm output if
-    ``return_layernorm_output`` (a tuple when more than one). Tensor/sequence parallelism,
-    userbuffers and delayed wgrad are not implemented yet (NotImplementedError).
+    ``return_layernorm_output`` (a tuple when more than one). Userbuffers and delayed wgrad are
+    not implemented yet (NotImplementedError).
     """
 
     def __init__(
@@ -79,6 +94,7 @@ class LayerNormLinear(SingleGemmModule):
         tp_group=None,
         tp_size: int = 1,
         get_rng_state_tracker=None,
+        rng_tracker_name=None,
         init_method=None,
         bias: bool = True,
         normalization: str = "LayerNorm",
@@ -95,25 +111,42 @@ class LayerNormLinear(SingleGemmModule):
     ) -> None:
         super().__init__()
         owner = "LayerNormLinear"
-        gathered = {"return_layernorm_output_gathered": return_layernorm_output_gathered}
-        reject_kwargs(owner, {**kwargs, **gathered}, (*UNSUPPORTED_KWARGS, *gathered))
-        reject_parallel(owner, sequence_parallel, tp_size, tp_group, parallel_mode)
+        reject_kwargs(owner, kwargs, UNSUPPORTED_KWARGS)
         check_size(owner, "in_features", in_features)
         check_size(owner, "out_features", out_features)
         check_init_method(owner, "init_method", init_method)
+        check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
+        group, size, mode, sp = parallel_config(owner, tp_group, tp_size, parallel_mode, sequence_parallel)
+        if mode == "row":
+            raise NotImplementedError(
+                f"{owner}: parallel_mode='row' is not implemented (its norm would normalize a slice "
+                "of the features); split it by columns, or use te.LayerNorm and a row te.Linear"
+            )
+        self.tp_group, self.tp_size, self.parallel_mode, self.sequence_parallel = group, size, mode, sp
+        split = split_sizes(owner, parameters_split, out_features)
+        if mode == "column":
+            out_features = local_features(owner, "out_features", out_features, size, mode)
+            if split is not None:
+                split = {
+                    n: local_features(owner, f"parameters_split[{n!r}]", v, size, mode)
+                    for n, v in split.items()
+                }
+        self._tp = TensorParallel(owner, group, size, mode, sp) if mode is not None and size > 1 else None
+        self._rng = (get_rng_state_tracker, rng_tracker_name)
         self.in_features, self.out_features = in_features, out_features
         self.normalization = normalization
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.return_layernorm_output = bool(return_layernorm_output)
+        self.return_layernorm_output_gathered = bool(return_layernorm_output_gathered)
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.init_method, self.name = init_method, name
         self.params_dtype = params_dtype
-        self._split = split_sizes(owner, parameters_split, out_features)
+        self._split = split
         if self._split is not None and self.fuse_wgrad_accumulation:
             raise NotImplementedError(
                 f"{owner}: fuse_wgrad_accumulation with parameters_split is not implemented yet"
@@ -132,8 +165,26 @@ class LayerNormLinear(SingleGemmModule):
         if defer_init:
             return
         reset_norm_params(self)
-        reset_linear_params(self)
+        with rng_fork(*self._rng):
+            reset_linear_params(self)
+        mark_parallel(
+            [getattr(self, n) for n in self._weight_names],
+            [getattr(self, n) for n in self._bias_names],
+            self.parallel_mode,
+            self.sequence_parallel,
+        )
+        for n in ("layer_norm_weight", "layer_norm_bias"):  # TE's: a per-rank part with sp
+            if getattr(self, n, None) is not None:
+                getattr(self, n).sequence_parallel = self.sequence_parallel
         self._gemm.ctx = None
+
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """As ``te.Linear``'s."""
+        if self._tp is not None:
+            self._tp.set_group(tp_group)
+        elif tp_group is not None:
+            group_size("LayerNormLinear", "set_tensor_parallel_group", tp_group)
+        self.tp_group = tp_group
 
     def extra_repr(self) -> str:
         return (
@@ -167,6 +218,8 @@ class LayerNormLinear(SingleGemmModule):
                 bad_input("LayerNormLinear", inp, self.in_features)
         except (AttributeError, IndexError):
             bad_input("LayerNormLinear", inp, self.in_features)
+        if self._tp is not None:
+            return self._forward_tp(inp, is_first_microbatch, fp8_output, fp8_grad)
         if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
             return self._forward_io(inp, is_first_microbatch, fp8_output, fp8_grad)
         weight, bias = linear_params(self)
@@ -216,6 +269,28 @@ class LayerNormLinear(SingleGemmModule):
             if s.calibrating:
                 self._gemm.calibrate(ln_out, weight, s.recipe, s.group)
             out = linear(ln_out, weight, gemm_bias, self.fuse_wgrad_accumulation)
+        if self.return_bias:
+            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
+        return (out, ln_out) if self.return_layernorm_output else out
+
+    @torch.compiler.disable
+    def _forward_tp(self, inp, first, fp8_output: bool, fp8_grad: bool):
+        """forward() split by columns: the norm on this rank's input, the column collective (an
+        all-gather along dim 0 with sequence_parallel), the GEMM on this rank's rows of W."""
+        if fp8_output or fp8_grad or (type(inp) is not _Tensor and isinstance(inp, QuantizedTensor)):
+            raise NotImplementedError(
+                "LayerNormLinear: fp8_output, fp8_grad or a quantized input with tensor parallelism "
+                "is not implemented yet"
+            )
+        weight, bias = linear_params(self)
+        ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
+        ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
+        x = self._tp.column_input(ln_out)
+        out = linear_step(
+            "LayerNormLinear", self._gemm, self._features, x, weight, None if self.return_bias else bias,
+            first, self.fuse_wgrad_accumulation,
+        )  # fmt: skip
+        ln_out = x if self.return_layernorm_output_gathered else ln_out
         if self.return_bias:
             return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
         return (out, ln_out) if self.return_layernorm_output else out
