@@ -1,4 +1,4 @@
-"""te.Linear's and te.LayerNormLinear's tensor and sequence parallelism on CUDA (NCCL, one GPU a rank):
+"""Tensor and sequence parallelism of te.Linear, te.LayerNormLinear and te.LayerNormMLP on CUDA (NCCL, one GPU a rank):
 tests/torch/test_tensor_parallel.py's ranks with the CUDA kernels. It needs two GPUs; on a
 machine with fewer it says so and skips."""
 
@@ -16,7 +16,7 @@ _TORCH_TESTS = Path(__file__).resolve().parents[1] / "torch"
 if str(_TORCH_TESTS) not in sys.path:
     sys.path.insert(0, str(_TORCH_TESTS))
 
-from _tp_rank import check_layernorm_linear, check_linear, check_mlp, run  # noqa: E402
+from _tp_rank import check_layernorm_linear, check_layernorm_mlp, check_linear, check_mlp, run  # noqa: E402
 
 
 def _need_two_gpus() -> None:
@@ -35,6 +35,12 @@ def test_linear_split_by_columns_and_rows_computes_the_whole_layer_on_cuda(tmp_p
 def test_layernorm_linear_split_by_columns_computes_the_whole_layer_on_cuda(tmp_path, recipe):
     _need_two_gpus()
     check_layernorm_linear(run(tmp_path, 2, "layernorm_linear", recipe, "cuda"), recipe)
+
+
+@pytest.mark.parametrize("recipe", ["none", "current"])
+def test_layernorm_mlp_split_by_set_parallel_mode_computes_the_whole_mlp_on_cuda(tmp_path, recipe):
+    _need_two_gpus()
+    check_layernorm_mlp(run(tmp_path, 2, "layernorm_mlp", recipe, "cuda"), recipe)
 
 
 @pytest.mark.parametrize("recipe", ["none", "current"])

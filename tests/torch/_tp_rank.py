@@ -6,7 +6,8 @@ file; each prints its findings as one JSON line.
 CASE: linear (te.Linear split by columns and by rows, with and without sequence parallelism,
 against the same shard in a te.Linear of its own with the collectives written out, and against the
 whole layer in fp32), layernorm_linear (te.LayerNormLinear split by columns against the whole
-layer in fp32), mlp (Megatron's MLP: a column layer, gelu, a row layer, against the whole
+layer in fp32), layernorm_mlp (te.LayerNormMLP's set_parallel_mode, gelu and swiglu, against the
+whole MLP in fp32), mlp (Megatron's MLP: a column layer, gelu, a row layer, against the whole
 MLP in fp32), errors (misuse that must fail on every rank before any collective). RECIPE: none
 (high precision), current, delayed, block. DEVICE: cpu (gloo) or cuda (NCCL, one GPU a rank).
 """
@@ -58,6 +59,15 @@ def check_layernorm_linear(ranks: list[dict], recipe: str) -> None:
             assert max(r[split]["err"].values()) < MLP_TOLERANCE[recipe], (split, r[split])
         assert r["tp"]["ln_out"] == [M, K] and r["sp"]["ln_out"] == [M // 2, K]
         assert r["sp"]["ln_out_gathered"] == [M, K]
+
+
+def check_layernorm_mlp(ranks: list[dict], recipe: str) -> None:
+    """Asserts the layernorm_mlp case's findings: within MLP_TOLERANCE of fp32 for each
+    activation, split with and without sequence parallelism."""
+    for r in ranks:
+        assert set(r) == {f"{act}_{split}" for act in ("gelu", "swiglu") for split in ("tp", "sp")}
+        for key, err in r.items():
+            assert max(err.values()) < MLP_TOLERANCE[recipe], (key, err)
 
 
 def check_mlp(ranks: list[dict], recipe: str) -> None:
@@ -254,6 +264,66 @@ def _layernorm_linear(te, recipe, rank: int, world: int, dev: str) -> dict:
     return out
 
 
+def _layernorm_mlp(te, recipe, rank: int, world: int, dev: str) -> dict:
+    """te.LayerNormMLP with set_parallel_mode (FC1 by columns, FC2 by rows): gelu, and swiglu,
+    whose FC1 shard is this rank's rows of each half (activation, then gate)."""
+    out = {}
+    for act in ("gelu", "swiglu"):
+        torch.manual_seed(3)
+        gated = act == "swiglu"
+        w1 = torch.randn((2 if gated else 1) * FFN, K, device=dev) * 0.05
+        b1 = torch.randn(w1.shape[0], device=dev) * 0.1
+        w2, b2 = torch.randn(K, FFN, device=dev) * 0.05, torch.randn(K, device=dev) * 0.1
+        gamma, beta = 1 + 0.1 * torch.randn(K, device=dev), 0.1 * torch.randn(K, device=dev)
+        x, dy = torch.randn(M, K, device=dev) * 2, torch.randn(M, K, device=dev)
+        leaves = [t.clone().requires_grad_() for t in (w1, b1, w2, b2, gamma, beta, x)]
+        h = F.linear(F.layer_norm(leaves[6], (K,), leaves[4], leaves[5], 1e-5), leaves[0], leaves[1])
+        a = F.silu(h[:, :FFN]) * h[:, FFN:] if gated else F.gelu(h, approximate="tanh")
+        y_ref = F.linear(a, leaves[2], leaves[3])
+        y_ref.backward(dy)
+        f, m = FFN // world, M // world
+        fs, rows = slice(rank * f, rank * f + f), slice(rank * m, rank * m + m)
+        mine = (
+            torch.cat([torch.arange(FFN)[fs], FFN + torch.arange(FFN)[fs]])
+            if gated
+            else torch.arange(FFN)[fs]
+        )
+        for sp in (False, True):
+            mlp = te.LayerNormMLP(
+                K, FFN, activation=act, set_parallel_mode=True, tp_group=dist.group.WORLD,
+                sequence_parallel=sp, device=dev,
+            )  # fmt: skip
+            with torch.no_grad():
+                for p, v in zip(
+                    (mlp.fc1_weight, mlp.fc1_bias, mlp.fc2_weight, mlp.fc2_bias),
+                    (w1[mine], b1[mine], w2[:, fs], b2),
+                    strict=True,
+                ):
+                    p.copy_(v)
+                mlp.layer_norm_weight.copy_(gamma)
+                mlp.layer_norm_bias.copy_(beta)
+            xin = (x[rows] if sp else x).clone().requires_grad_()
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                y = mlp(xin)
+            y.backward(dy[rows] if sp else dy)
+            parts = [mlp.fc2_bias.grad, mlp.layer_norm_weight.grad, mlp.layer_norm_bias.grad]
+            parts = [t.clone() for t in parts]
+            if sp:  # each rank's part of these gradients: the loop all-reduces them
+                for t in parts:
+                    dist.all_reduce(t)
+            out[f"{act}_{'sp' if sp else 'tp'}"] = {
+                "y": _err(y, y_ref[rows] if sp else y_ref),
+                "dx": _err(xin.grad, leaves[6].grad[rows] if sp else leaves[6].grad),
+                "dw1": _err(mlp.fc1_weight.grad, leaves[0].grad[mine]),
+                "db1": _err(mlp.fc1_bias.grad, leaves[1].grad[mine]),
+                "dw2": _err(mlp.fc2_weight.grad, leaves[2].grad[:, fs]),
+                "db2": _err(parts[0], leaves[3].grad),
+                "dgamma": _err(parts[1], leaves[4].grad),
+                "dbeta": _err(parts[2], leaves[5].grad),
+            }
+    return out
+
+
 def _errors(te, rank: int, world: int, dev: str) -> dict:
     """Each misuse's message (None where nothing was raised)."""
     g = dist.group.WORLD
@@ -299,6 +369,8 @@ def main() -> None:
     recipe = _recipe(te, recipe_name)
     if case == "mlp":
         out = _mlp(te, recipe, rank, world, dev)
+    elif case == "layernorm_mlp":
+        out = _layernorm_mlp(te, recipe, rank, world, dev)
     elif case == "layernorm_linear":
         out = _layernorm_linear(te, recipe, rank, world, dev)
     elif case == "errors":

@@ -364,8 +364,8 @@ def test_bad_arguments_say_what_is_expected():
         te.LayerNormMLP(8, 16, activation_params={"limit": 7.0}, device="cpu")
     with pytest.raises(NotImplementedError, match=r"checkpoint=True is not implemented"):
         te.LayerNormMLP(8, 16, checkpoint=True, device="cpu")
-    with pytest.raises(NotImplementedError, match="tensor/sequence parallelism"):
-        te.LayerNormMLP(8, 16, set_parallel_mode=True, device="cpu")
+    with pytest.raises(ValueError, match=r"ffn_hidden_size=16 does not split over tp_size=3 ranks"):
+        te.LayerNormMLP(8, 16, set_parallel_mode=True, tp_size=3, device="cpu")
     with pytest.raises(ValueError, match=r"ffn_hidden_size: expected an int >= 1, got -4"):
         te.LayerNormMLP(8, -4, device="cpu")
     with pytest.raises(

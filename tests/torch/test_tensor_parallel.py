@@ -1,4 +1,4 @@
-"""te.Linear's and te.LayerNormLinear's tensor and sequence parallelism (parallel_mode, tp_group, sequence_parallel): each
+"""Tensor and sequence parallelism of te.Linear, te.LayerNormLinear and te.LayerNormMLP (parallel_mode, tp_group, sequence_parallel): each
 case runs two ranks as processes over gloo on the CPU (_tp_rank.py) and checks every output and
 gradient twice, bit for bit against the rank's shard run as a te.Linear of its own with the
 collectives written out, and against the whole layer computed in fp32."""
@@ -6,7 +6,7 @@ collectives written out, and against the whole layer computed in fp32."""
 import pytest
 import te_torch as te
 import torch
-from _tp_rank import check_layernorm_linear, check_linear, check_mlp, run
+from _tp_rank import check_layernorm_linear, check_layernorm_mlp, check_linear, check_mlp, run
 
 
 @pytest.mark.parametrize("recipe", ["none", "current", "delayed", "block"])
@@ -17,6 +17,11 @@ def test_linear_split_by_columns_and_rows_computes_the_whole_layer(tmp_path, rec
 @pytest.mark.parametrize("recipe", ["none", "current"])
 def test_layernorm_linear_split_by_columns_computes_the_whole_layer(tmp_path, recipe):
     check_layernorm_linear(run(tmp_path, 2, "layernorm_linear", recipe), recipe)
+
+
+@pytest.mark.parametrize("recipe", ["none", "current"])
+def test_layernorm_mlp_split_by_set_parallel_mode_computes_the_whole_mlp(tmp_path, recipe):
+    check_layernorm_mlp(run(tmp_path, 2, "layernorm_mlp", recipe), recipe)
 
 
 @pytest.mark.parametrize("recipe", ["none", "current"])
@@ -64,6 +69,18 @@ def test_split_sizes_and_parameter_attributes_follow_te():
     assert plain.sequence_parallel is False and plain.weight.tensor_model_parallel is False
     split = te.Linear(64, 96, parallel_mode="column", tp_size=2, parameters_split=("q", "k"), device="cpu")
     assert split.q_weight.shape == (24, 64) and split.k_bias.shape == (24,)
+
+
+def test_layernorm_mlp_splits_ffn_and_marks_its_parameters():
+    m = te.LayerNormMLP(
+        64, 256, activation="swiglu", set_parallel_mode=True, tp_size=2, sequence_parallel=True
+    )
+    assert (m.ffn_hidden_size, m.size_per_partition) == (256, 128)
+    assert m.fc1_weight.shape == (256, 64) and m.fc2_weight.shape == (64, 128)  # gated: two halves
+    assert (m.fc1_weight.partition_dim, m.fc2_weight.partition_dim) == (0, 1)
+    assert m.fc2_bias.sequence_parallel and m.layer_norm_weight.sequence_parallel
+    with pytest.raises(RuntimeError, match=r"LayerNormMLP: tp_size=2 but no tensor-parallel group"):
+        m(torch.randn(4, 64, device=m.fc1_weight.device))
 
 
 def test_a_layer_split_over_one_rank_is_the_plain_layer():

@@ -13,9 +13,9 @@ This slice provides TE's quantizers and quantized tensors:
   TE's GEMM modules, quantized inside an autocast region with DelayedScaling,
   Float8CurrentScaling or Float8BlockScaling (the norm and activation kernels write the next
   GEMM's FP8 input directly), or MXFP8BlockScaling / NVFP4BlockScaling (emulated: te-core
-  dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike); ``Linear`` (and
-  ``LayerNormLinear`` by columns) splits over a tensor-parallel group (``parallel_mode``,
-  ``tp_group``, ``sequence_parallel``);
+  dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike); the three split
+  over a tensor-parallel group (``parallel_mode`` / ``set_parallel_mode``, ``tp_group``,
+  ``sequence_parallel``);
 - ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
   recipe and its scaling updates inside the graphs;
 - ``checkpoint``: activation recomputation under the forward's FP8 state (torch's checkpoint

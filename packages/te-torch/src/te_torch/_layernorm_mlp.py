@@ -24,6 +24,7 @@ from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import activation, linear, norm
 from te_torch._layernorm_mlp_fn import LayerNormMLPFn
+from te_torch._linear import linear_step
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
     FLOAT_DTYPES,
@@ -40,9 +41,16 @@ from te_torch._module_base import (
     parameter,
     register_norm_params,
     reject_kwargs,
-    reject_parallel,
     reset_norm_params,
     warn_if_recomputed,
+)
+from te_torch._tensor_parallel import (
+    TensorParallel,
+    group_size,
+    local_features,
+    mark_parallel,
+    parallel_config,
+    rng_fork,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -83,9 +91,15 @@ class LayerNormMLP(QuantizedModule):
             ``te.Linear``.
         params_dtype, device, name: as ``te.Linear``. seq_length / micro_batch_size (TE's
             userbuffer sizes) are accepted and unused.
-    Tensor/sequence parallelism (``set_parallel_mode``), userbuffers, delayed wgrad,
-    ``checkpoint`` (selective recompute) and ``clamped_swiglu`` are not implemented yet
-    (NotImplementedError).
+        set_parallel_mode, tp_group, tp_size, sequence_parallel, get_rng_state_tracker,
+        rng_tracker_name: TE's tensor parallelism (te_torch._tensor_parallel): FC1 split by
+            columns (each rank's ``ffn_hidden_size / tp_size`` rows of ``fc1_weight`` and
+            ``fc1_bias``; a gated activation's two halves each split so) and FC2 by rows (its
+            columns of ``fc2_weight``; ``fc2_bias`` whole, added after the sum), as Megatron's
+            MLP; ``sequence_parallel`` all-gathers the norm output and reduce-scatters the
+            output along dim 0. Split, the norm, GEMMs and activation run as separate steps.
+    Userbuffers, delayed wgrad, ``checkpoint`` (selective recompute) and ``clamped_swiglu`` are
+    not implemented yet (NotImplementedError).
     """
 
     def __init__(
@@ -97,6 +111,7 @@ class LayerNormMLP(QuantizedModule):
         sequence_parallel: bool = False,
         return_bias: bool = False,
         get_rng_state_tracker=None,
+        rng_tracker_name=None,
         tp_group=None,
         tp_size: int = 1,
         init_method=None,
@@ -121,11 +136,20 @@ class LayerNormMLP(QuantizedModule):
         owner = "LayerNormMLP"
         accepted = (*UNSUPPORTED_KWARGS, "checkpoint", "return_layernorm_output_gathered")
         reject_kwargs(owner, {**kwargs, "checkpoint": checkpoint}, accepted)
-        reject_parallel(owner, sequence_parallel, tp_size, tp_group, set_parallel_mode)
         check_size(owner, "hidden_size", hidden_size)
         check_size(owner, "ffn_hidden_size", ffn_hidden_size)
         check_init_method(owner, "init_method", init_method)
         check_init_method(owner, "output_layer_init_method", output_layer_init_method)
+        check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
+        mode = "column" if set_parallel_mode else None  # FC1's; FC2 is split by rows
+        group, size, _, sp = parallel_config(owner, tp_group, tp_size, mode, sequence_parallel)
+        self.tp_group, self.tp_size, self.set_parallel_mode, self.sequence_parallel = group, size, mode, sp
+        ffn_local = ffn_hidden_size  # TE's size_per_partition
+        if mode is not None:
+            ffn_local = local_features(owner, "ffn_hidden_size", ffn_hidden_size, size, mode)
+        # column_input for FC1 and row_output for FC2 share the group
+        self._tp = TensorParallel(owner, group, size, "column", sp) if mode is not None and size > 1 else None
+        self._rng = (get_rng_state_tracker, rng_tracker_name)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         self._kind = activation_kind(owner, activation)
@@ -135,7 +159,11 @@ class LayerNormMLP(QuantizedModule):
             )
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
-        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.hidden_size, self.ffn_hidden_size, self.size_per_partition = (
+            hidden_size,
+            ffn_hidden_size,
+            ffn_local,
+        )
         self.normalization, self.activation = normalization, activation
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.return_layernorm_output = bool(return_layernorm_output)
@@ -143,7 +171,7 @@ class LayerNormMLP(QuantizedModule):
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.init_method, self.output_layer_init_method = init_method, output_layer_init_method
         self.params_dtype, self.name = params_dtype, name
-        fc1_out = 2 * ffn_hidden_size if self._kind >= 100 else ffn_hidden_size
+        fc1_out = 2 * ffn_local if self._kind >= 100 else ffn_local
 
         def param(*shape):
             return torch.nn.Parameter(torch.empty(shape, dtype=params_dtype, device=device))
@@ -151,9 +179,9 @@ class LayerNormMLP(QuantizedModule):
         register_norm_params(self, hidden_size, self._rms, params_dtype, device)
         self.fc1_weight = param(fc1_out, hidden_size)
         self.fc1_bias = param(fc1_out) if bias else None
-        self.fc2_weight = param(hidden_size, ffn_hidden_size)
+        self.fc2_weight = param(hidden_size, ffn_local)
         self.fc2_bias = param(hidden_size) if bias else None
-        self._features = (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size))
+        self._features = (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_local))
         self._fc1 = GemmState("te.LayerNormMLP", self._features)
         self._fc2 = GemmState("te.LayerNormMLP", self._features)
         self._gemms = {"fc1": self._fc1, "fc2": self._fc2}
@@ -166,13 +194,29 @@ class LayerNormMLP(QuantizedModule):
         if defer_init:
             return
         reset_norm_params(self)
-        init_weight(self.fc1_weight, self.init_method)
-        init_weight(self.fc2_weight, self.output_layer_init_method)
+        with rng_fork(*self._rng):
+            init_weight(self.fc1_weight, self.init_method)
+            init_weight(self.fc2_weight, self.output_layer_init_method)
         with torch.no_grad():
             for b in (self.fc1_bias, self.fc2_bias):
                 if b is not None and b.device.type != "meta":
                     b.zero_()
+        mode, sp = self.set_parallel_mode, self.sequence_parallel
+        mark_parallel([self.fc1_weight], [b for b in (self.fc1_bias,) if b is not None], mode, sp)
+        row = None if mode is None else "row"
+        mark_parallel([self.fc2_weight], [b for b in (self.fc2_bias,) if b is not None], row, sp)
+        for n in ("layer_norm_weight", "layer_norm_bias"):  # TE's: a per-rank part with sp
+            if getattr(self, n, None) is not None:
+                getattr(self, n).sequence_parallel = sp
         self._fc1.ctx = self._fc2.ctx = None
+
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """As ``te.Linear``'s."""
+        if self._tp is not None:
+            self._tp.set_group(tp_group)
+        elif tp_group is not None:
+            group_size("LayerNormMLP", "set_tensor_parallel_group", tp_group)
+        self.tp_group = tp_group
 
     def _state_device(self) -> torch.device:
         return self.fc1_weight.device
@@ -191,6 +235,8 @@ class LayerNormMLP(QuantizedModule):
                 bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
         except (AttributeError, IndexError):
             bad_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")
+        if self._tp is not None:
+            return self._forward_tp(inp, is_first_microbatch)
         ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
         w1, b1 = parameter(self, "fc1_weight"), parameter(self, "fc1_bias")
         w2, b2 = parameter(self, "fc2_weight"), parameter(self, "fc2_bias")
@@ -236,6 +282,22 @@ class LayerNormMLP(QuantizedModule):
             if s.calibrating:
                 self._fc2.calibrate(act, w2, s.recipe, s.group)
             out = linear(act, w2, gemm_b2, fuse)
+        if self.return_bias:
+            return (out, b2, ln_out) if self.return_layernorm_output else (out, b2)
+        return (out, ln_out) if self.return_layernorm_output else out
+
+    @torch.compiler.disable
+    def _forward_tp(self, inp, first):
+        """forward() split over the group: the norm on this rank's input, FC1's column
+        collective and GEMM, the activation, FC2's GEMM and row collective (the bias after it)."""
+        w1, b1 = parameter(self, "fc1_weight"), parameter(self, "fc1_bias")
+        w2, b2 = parameter(self, "fc2_weight"), parameter(self, "fc2_bias")
+        fuse, owner, features = self.fuse_wgrad_accumulation, "LayerNormMLP", self._features
+        ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
+        ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
+        h = linear_step(owner, self._fc1, features, self._tp.column_input(ln_out), w1, b1, first, fuse)
+        out = linear_step(owner, self._fc2, features, activation(h, self._kind), w2, None, first, fuse)
+        out = self._tp.row_output(out, b2, self.return_bias)
         if self.return_bias:
             return (out, b2, ln_out) if self.return_layernorm_output else (out, b2)
         return (out, ln_out) if self.return_layernorm_output else out
