@@ -41,12 +41,10 @@ from te_torch._module_base import (
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import (
-    TensorParallel,
-    group_size,
-    local_features,
-    mark_parallel,
-    parallel_config,
-    rng_fork,
+    SplitModule,
+    column_shard,
+    mark_norm_parallel,
+    split_module,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -58,7 +56,7 @@ _STATE = _autocast.STATE
 _APPLY = raw_apply(LayerNormLinearFn)
 
 
-class LayerNormLinear(SingleGemmModule):
+class LayerNormLinear(SingleGemmModule, SplitModule):
     """TE's ``LayerNormLinear``: ``y = norm(x) W^T + b`` for x [..., in_features].
 
     Args:
@@ -120,23 +118,17 @@ class LayerNormLinear(SingleGemmModule):
         self._rms = check_normalization(owner, normalization)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
-        group, size, mode, sp = parallel_config(owner, tp_group, tp_size, parallel_mode, sequence_parallel)
-        if mode == "row":
+        if parallel_mode == "row":
             raise NotImplementedError(
                 f"{owner}: parallel_mode='row' is not implemented (its norm would normalize a slice "
                 "of the features); split it by columns, or use te.LayerNorm and a row te.Linear"
             )
-        self.tp_group, self.tp_size, self.parallel_mode, self.sequence_parallel = group, size, mode, sp
+        rng = (get_rng_state_tracker, rng_tracker_name)
+        mode, size = split_module(self, owner, tp_group, tp_size, parallel_mode, sequence_parallel, rng)
+        self.parallel_mode = mode
         split = split_sizes(owner, parameters_split, out_features)
         if mode == "column":
-            out_features = local_features(owner, "out_features", out_features, size, mode)
-            if split is not None:
-                split = {
-                    n: local_features(owner, f"parameters_split[{n!r}]", v, size, mode)
-                    for n, v in split.items()
-                }
-        self._tp = TensorParallel(owner, group, size, mode, sp) if mode is not None and size > 1 else None
-        self._rng = (get_rng_state_tracker, rng_tracker_name)
+            out_features, split = column_shard(owner, out_features, split, size)
         self.in_features, self.out_features = in_features, out_features
         self.normalization = normalization
         self.zero_centered_gamma = bool(zero_centered_gamma)
@@ -165,26 +157,9 @@ class LayerNormLinear(SingleGemmModule):
         if defer_init:
             return
         reset_norm_params(self)
-        with rng_fork(*self._rng):
-            reset_linear_params(self)
-        mark_parallel(
-            [getattr(self, n) for n in self._weight_names],
-            [getattr(self, n) for n in self._bias_names],
-            self.parallel_mode,
-            self.sequence_parallel,
-        )
-        for n in ("layer_norm_weight", "layer_norm_bias"):  # TE's: a per-rank part with sp
-            if getattr(self, n, None) is not None:
-                getattr(self, n).sequence_parallel = self.sequence_parallel
+        reset_linear_params(self)
+        mark_norm_parallel(self)
         self._gemm.ctx = None
-
-    def set_tensor_parallel_group(self, tp_group) -> None:
-        """As ``te.Linear``'s."""
-        if self._tp is not None:
-            self._tp.set_group(tp_group)
-        elif tp_group is not None:
-            group_size("LayerNormLinear", "set_tensor_parallel_group", tp_group)
-        self.tp_group = tp_group
 
     def extra_repr(self) -> str:
         return (

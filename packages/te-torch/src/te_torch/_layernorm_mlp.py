@@ -45,12 +45,12 @@ from te_torch._module_base import (
     warn_if_recomputed,
 )
 from te_torch._tensor_parallel import (
-    TensorParallel,
-    group_size,
+    SplitModule,
     local_features,
+    mark_norm_parallel,
     mark_parallel,
-    parallel_config,
     rng_fork,
+    split_module,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -70,7 +70,7 @@ def activation_kind(owner: str, name) -> int:
     return ACTIVATIONS[name]
 
 
-class LayerNormMLP(QuantizedModule):
+class LayerNormMLP(QuantizedModule, SplitModule):
     """TE's ``LayerNormMLP``: ``y = act(norm(x) W1^T + b1) W2^T + b2`` for x [..., hidden_size].
 
     Args:
@@ -141,15 +141,14 @@ class LayerNormMLP(QuantizedModule):
         check_init_method(owner, "init_method", init_method)
         check_init_method(owner, "output_layer_init_method", output_layer_init_method)
         check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
-        mode = "column" if set_parallel_mode else None  # FC1's; FC2 is split by rows
-        group, size, _, sp = parallel_config(owner, tp_group, tp_size, mode, sequence_parallel)
-        self.tp_group, self.tp_size, self.set_parallel_mode, self.sequence_parallel = group, size, mode, sp
+        rng = (get_rng_state_tracker, rng_tracker_name)
+        # FC1's split; FC2 is split by rows, and column_input / row_output share the group
+        mode = "column" if set_parallel_mode else None
+        mode, size = split_module(self, owner, tp_group, tp_size, mode, sequence_parallel, rng)
+        self.set_parallel_mode = mode is not None
         ffn_local = ffn_hidden_size  # TE's size_per_partition
         if mode is not None:
             ffn_local = local_features(owner, "ffn_hidden_size", ffn_hidden_size, size, mode)
-        # column_input for FC1 and row_output for FC2 share the group
-        self._tp = TensorParallel(owner, group, size, "column", sp) if mode is not None and size > 1 else None
-        self._rng = (get_rng_state_tracker, rng_tracker_name)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         self._kind = activation_kind(owner, activation)
@@ -201,22 +200,12 @@ class LayerNormMLP(QuantizedModule):
             for b in (self.fc1_bias, self.fc2_bias):
                 if b is not None and b.device.type != "meta":
                     b.zero_()
-        mode, sp = self.set_parallel_mode, self.sequence_parallel
-        mark_parallel([self.fc1_weight], [b for b in (self.fc1_bias,) if b is not None], mode, sp)
-        row = None if mode is None else "row"
-        mark_parallel([self.fc2_weight], [b for b in (self.fc2_bias,) if b is not None], row, sp)
-        for n in ("layer_norm_weight", "layer_norm_bias"):  # TE's: a per-rank part with sp
-            if getattr(self, n, None) is not None:
-                getattr(self, n).sequence_parallel = sp
+        split, sp = self.set_parallel_mode, self.sequence_parallel
+        fc1_bias, fc2_bias = ([b] if b is not None else [] for b in (self.fc1_bias, self.fc2_bias))
+        mark_parallel([self.fc1_weight], fc1_bias, "column" if split else None, sp)
+        mark_parallel([self.fc2_weight], fc2_bias, "row" if split else None, sp)
+        mark_norm_parallel(self)
         self._fc1.ctx = self._fc2.ctx = None
-
-    def set_tensor_parallel_group(self, tp_group) -> None:
-        """As ``te.Linear``'s."""
-        if self._tp is not None:
-            self._tp.set_group(tp_group)
-        elif tp_group is not None:
-            group_size("LayerNormMLP", "set_tensor_parallel_group", tp_group)
-        self.tp_group = tp_group
 
     def _state_device(self) -> torch.device:
         return self.fc1_weight.device

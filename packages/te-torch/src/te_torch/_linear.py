@@ -45,12 +45,12 @@ from te_torch._module_base import (
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import (
-    TensorParallel,
-    group_size,
+    SplitModule,
+    column_shard,
     local_features,
     mark_parallel,
-    parallel_config,
     rng_fork,
+    split_module,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -94,13 +94,18 @@ def linear_params(module) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def reset_linear_params(module) -> None:
-    for n in module._weight_names:
-        init_weight(getattr(module, n), module.init_method)
+    """register_linear_params' weights from ``module.init_method`` under the module's RNG tracker
+    fork (``module._rng``, rng_fork), biases zero, and TE's tensor-parallel attributes on both."""
+    weights = [getattr(module, n) for n in module._weight_names]
+    biases = [getattr(module, n) for n in module._bias_names]
+    with rng_fork(*module._rng):
+        for w in weights:
+            init_weight(w, module.init_method)
     with torch.no_grad():
-        for n in module._bias_names:
-            b = getattr(module, n)
+        for b in biases:
             if b.device.type != "meta":
                 b.zero_()
+    mark_parallel(weights, biases, module.parallel_mode, module.sequence_parallel)
 
 
 def linear_step(owner: str, gemm: GemmState, features, inp, weight, gemm_bias, first, fuse: bool):
@@ -144,7 +149,7 @@ def linear_step(owner: str, gemm: GemmState, features, inp, weight, gemm_bias, f
     return out
 
 
-class Linear(SingleGemmModule):
+class Linear(SingleGemmModule, SplitModule):
     """TE's ``Linear``: ``y = x W^T + b`` for x [..., in_features] -> [..., out_features].
 
     Args:
@@ -209,26 +214,20 @@ class Linear(SingleGemmModule):
         check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
-        group, size, mode, sp = parallel_config(owner, tp_group, tp_size, parallel_mode, sequence_parallel)
-        self.tp_group, self.tp_size, self.parallel_mode, self.sequence_parallel = group, size, mode, sp
+        rng = (get_rng_state_tracker, rng_tracker_name)
+        mode, size = split_module(self, owner, tp_group, tp_size, parallel_mode, sequence_parallel, rng)
+        self.parallel_mode = mode
         split = split_sizes(owner, parameters_split, out_features)
         if mode == "column":
-            out_features = local_features(owner, "out_features", out_features, size, mode)
-            if split is not None:
-                split = {
-                    n: local_features(owner, f"parameters_split[{n!r}]", v, size, mode)
-                    for n, v in split.items()
-                }
+            out_features, split = column_shard(owner, out_features, split, size)
         elif mode == "row":
             in_features = local_features(owner, "in_features", in_features, size, mode)
-        self._tp = TensorParallel(owner, group, size, mode, sp) if mode is not None and size > 1 else None
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         # a row split adds the bias after the sum over the ranks, not in the GEMM
         self._gemm_adds_bias = not (self.return_bias or (self._tp is not None and mode == "row"))
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.init_method, self.name = init_method, name
-        self._rng = (get_rng_state_tracker, rng_tracker_name)
         self.params_dtype = params_dtype
         self._split = split
         if self._split is not None and self.fuse_wgrad_accumulation:
@@ -247,24 +246,8 @@ class Linear(SingleGemmModule):
         where one was given; bias zero; the tensor-parallel attributes set (TE's)."""
         if defer_init:
             return
-        with rng_fork(*self._rng):
-            reset_linear_params(self)
-        mark_parallel(
-            [getattr(self, n) for n in self._weight_names],
-            [getattr(self, n) for n in self._bias_names],
-            self.parallel_mode,
-            self.sequence_parallel,
-        )
+        reset_linear_params(self)
         self._gemm.ctx = None
-
-    def set_tensor_parallel_group(self, tp_group) -> None:
-        """TE's: the group of a layer built with ``tp_size`` and no ``tp_group`` (its size must
-        be ``tp_size``). A layer that is not split only keeps it."""
-        if self._tp is not None:
-            self._tp.set_group(tp_group)
-        elif tp_group is not None:
-            group_size("Linear", "set_tensor_parallel_group", tp_group)
-        self.tp_group = tp_group
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

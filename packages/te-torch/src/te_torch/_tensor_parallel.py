@@ -33,7 +33,16 @@ import torch.distributed as dist
 from te_torch._module_base import check_size
 from te_torch._quantized_tensor import QuantizedTensor
 
-__all__ = ["TensorParallel", "parallel_config", "local_features", "mark_parallel", "rng_fork"]
+__all__ = [
+    "SplitModule",
+    "TensorParallel",
+    "column_shard",
+    "local_features",
+    "mark_norm_parallel",
+    "mark_parallel",
+    "rng_fork",
+    "split_module",
+]
 
 PARALLEL_MODES = (None, "column", "row")
 
@@ -57,6 +66,51 @@ def parallel_config(owner: str, tp_group, tp_size, parallel_mode, sequence_paral
             )
         tp_size = size
     return tp_group, tp_size, parallel_mode, bool(sequence_parallel) and tp_size > 1
+
+
+def split_module(module, owner: str, tp_group, tp_size, mode, sequence_parallel, rng) -> tuple:
+    """Checks the split (parallel_config) and sets TE's ``tp_group``, ``tp_size`` and
+    ``sequence_parallel`` on ``module``, its ``_tp`` (a TensorParallel, or None where nothing is
+    split) and ``_rng`` (get_rng_state_tracker, rng_tracker_name: reset_parameters' rng_fork).
+    Returns (mode, tp_size)."""
+    group, size, mode, sp = parallel_config(owner, tp_group, tp_size, mode, sequence_parallel)
+    module.tp_group, module.tp_size, module.sequence_parallel = group, size, sp
+    module._tp = TensorParallel(owner, group, size, mode, sp) if mode is not None and size > 1 else None
+    module._rng = rng
+    return mode, size
+
+
+def column_shard(owner: str, out_features: int, split: dict | None, tp_size: int) -> tuple:
+    """(out_features, parameters_split) of one rank of a column split."""
+    out_features = local_features(owner, "out_features", out_features, tp_size, "column")
+    if split is not None:
+        split = {
+            n: local_features(owner, f"parameters_split[{n!r}]", v, tp_size, "column")
+            for n, v in split.items()
+        }
+    return out_features, split
+
+
+def mark_norm_parallel(module) -> None:
+    """TE's ``sequence_parallel`` attribute on a module's norm parameters: with sequence
+    parallelism each rank's gradient of them is its rows' part."""
+    for n in ("layer_norm_weight", "layer_norm_bias"):
+        p = getattr(module, n, None)
+        if p is not None:
+            p.sequence_parallel = module.sequence_parallel
+
+
+class SplitModule:
+    """TE's ``set_tensor_parallel_group`` for a module that split_module set up."""
+
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """The group of a layer built with ``tp_size`` and no ``tp_group`` (its size must be
+        ``tp_size``). A layer that is not split only keeps it."""
+        if self._tp is not None:
+            self._tp.set_group(tp_group)
+        elif tp_group is not None:
+            group_size(type(self).__name__, "set_tensor_parallel_group", tp_group)
+        self.tp_group = tp_group
 
 
 def group_size(owner: str, arg: str, group) -> int:
