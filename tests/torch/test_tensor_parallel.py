@@ -29,7 +29,7 @@ def test_megatron_mlp_of_a_column_and_a_row_layer_computes_the_whole_mlp(tmp_pat
     check_mlp(run(tmp_path, 2, "mlp", recipe), recipe)
 
 
-def test_misuse_fails_on_every_rank_before_any_collective(tmp_path):
+def test_misuse_fails_on_every_rank_before_any_collective_and_compile_runs_eagerly(tmp_path):
     for r in run(tmp_path, 2, "errors", "none"):
         assert (
             r["size_mismatch"]
@@ -47,6 +47,7 @@ def test_misuse_fails_on_every_rank_before_any_collective(tmp_path):
             "NotImplementedError: Linear: fp8_output with parallel_mode='row'"
         )
         assert r["column_fp8_grad"].startswith("NotImplementedError: Linear: a quantized input or fp8_grad")
+        assert r["compiled_equal"] is True
 
 
 def test_split_sizes_and_parameter_attributes_follow_te():
