@@ -97,9 +97,79 @@ def test_a_region_inside_the_segment_and_rng_are_replayed():
 def test_bad_arguments():
     with pytest.raises(TypeError, match="function: expected a callable"):
         te.checkpoint(3, torch.ones(2))
-    for kw in ("distribute_saved_activations", "tp_group"):
-        with pytest.raises(NotImplementedError, match=kw):
-            te.checkpoint(torch.nn.Identity(), torch.ones(2), **{kw: True})
+    with pytest.raises(NotImplementedError, match="distribute_saved_activations"):
+        te.checkpoint(torch.nn.Identity(), torch.ones(2), distribute_saved_activations=True)
+    with pytest.raises(TypeError, match="tp_group: expected a torch.distributed ProcessGroup or None, got 3"):
+        te.checkpoint(torch.nn.Identity(), torch.ones(2), tp_group=3)
+    with pytest.raises(
+        TypeError, match="get_rng_state_tracker: expected a callable returning the RNG tracker"
+    ):
+        te.checkpoint(torch.nn.Identity(), torch.ones(2), get_rng_state_tracker=object())
+
+
+class _CpuTracker:
+    """Megatron's RNG tracker on the CPU generator: fork() runs its block on the tracker's own
+    state and keeps the advanced state (a new tensor) on leaving; get_states / set_states."""
+
+    def __init__(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.states = {"model-parallel-rng": g.get_state()}
+
+    def get_states(self) -> dict:
+        return dict(self.states)
+
+    def set_states(self, states: dict) -> None:
+        self.states = dict(states)
+
+    def fork(self, name: str = "model-parallel-rng"):
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            outside = torch.get_rng_state()
+            torch.set_rng_state(self.states[name])
+            try:
+                yield
+            finally:
+                self.states[name] = torch.get_rng_state()
+                torch.set_rng_state(outside)
+
+        return block()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_rng_trackers_forks_draw_the_same_masks_when_recomputed(reentrant):
+    # Megatron's dropout inside tensor-parallel regions draws from its tracker's fork; the
+    # recomputation must see the tracker as the forward did, or its masks (and gradients) differ
+    torch.manual_seed(0)
+    lin = te.Linear(64, 64, device="cpu")
+    x = torch.randn(16, 64)
+
+    def make(tracker):
+        def segment(inp):
+            with tracker.fork():
+                return torch.nn.functional.dropout(lin(inp), p=0.5)
+
+        return segment
+
+    grads = []
+    for ckpt in (False, True):
+        tracker = _CpuTracker(seed=1)
+        xi = x.clone().requires_grad_()
+        seg = make(tracker)
+        with te.autocast(recipe=recipe.Float8CurrentScaling()):
+            y = (
+                te.checkpoint(seg, xi, get_rng_state_tracker=lambda t=tracker: t, use_reentrant=reentrant)
+                if ckpt
+                else seg(xi)
+            )
+        y.sum().backward()
+        grads.append((y.detach(), xi.grad, lin.weight.grad.clone(), tracker.get_states()))
+        lin.zero_grad(set_to_none=True)
+    (y0, gx0, gw0, s0), (y1, gx1, gw1, s1) = grads
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
+    # after the recomputation the tracker is where the forward left it
+    assert torch.equal(s0["model-parallel-rng"], s1["model-parallel-rng"])
 
 
 # torch's non-reentrant mode recomputes only to refill what the segment saved through

@@ -23,6 +23,7 @@ import torch.utils.checkpoint as _ckpt
 
 from te_torch._autocast import STATE, note_replay
 from te_torch._recipe_state import UpdateRegistry
+from te_torch._tensor_parallel import group_size
 
 __all__ = ["checkpoint"]
 
@@ -109,6 +110,25 @@ class _Replay:
                 st.amax_history[0].copy_(row0)
 
 
+def _replaying_tracker(function: Callable, tracker) -> Callable:
+    """``function`` whose second call (the recomputation) runs with ``tracker``'s states as they
+    were at its first, then puts back the states it found."""
+    first: list = []
+
+    def call(*a, **k):
+        if not first:
+            first.append(tracker.get_states())
+            return function(*a, **k)
+        now = tracker.get_states()
+        tracker.set_states(first[0])
+        try:
+            return function(*a, **k)
+        finally:
+            tracker.set_states(now)
+
+    return call
+
+
 def checkpoint(
     function: Callable,
     *args,
@@ -130,21 +150,29 @@ def checkpoint(
             not require grad); it frees what the segment saves with ``save_for_backward``, but
             te's fused steps keep their quantized copies as they are, so te modules in the
             segment save little memory that way.
-        distribute_saved_activations, get_rng_state_tracker, tp_group: TE's tensor-parallel
-            options, not implemented in te (NotImplementedError when set).
+        get_rng_state_tracker: a callable returning Megatron's RNG tracker (``fork()``,
+            ``get_states()``, ``set_states()``): its states at this forward are set again for the
+            recomputation (and the later ones restored after it), so dropout inside its forks
+            draws the same masks, as torch's checkpoint does for its own RNG state.
+        tp_group: TE's group for ``distribute_saved_activations``, which te does not implement
+            yet (NotImplementedError when set); a group alone is accepted (Megatron passes it).
 
     Returns:
         What ``function`` returns.
     """
     if not callable(function):
         raise TypeError(f"te.checkpoint: function: expected a callable, got {type(function).__name__}")
-    for name, value in (
-        ("distribute_saved_activations", distribute_saved_activations),
-        ("get_rng_state_tracker", get_rng_state_tracker),
-        ("tp_group", tp_group),
-    ):
-        if value:
-            raise NotImplementedError(f"te.checkpoint: {name} is not implemented in te yet")
+    if distribute_saved_activations:
+        raise NotImplementedError("te.checkpoint: distribute_saved_activations is not implemented in te yet")
+    if tp_group is not None:
+        group_size("te.checkpoint", "tp_group", tp_group)
+    if get_rng_state_tracker is not None:
+        if not callable(get_rng_state_tracker):
+            raise TypeError(
+                "te.checkpoint: get_rng_state_tracker: expected a callable returning the RNG tracker, "
+                f"got {type(get_rng_state_tracker).__name__}"
+            )
+        function = _replaying_tracker(function, get_rng_state_tracker())
     frame = _Frame()
     if not use_reentrant:
         return _ckpt.checkpoint(
