@@ -107,36 +107,6 @@ def test_bad_arguments():
         te.checkpoint(torch.nn.Identity(), torch.ones(2), get_rng_state_tracker=object())
 
 
-class _CpuTracker:
-    """Megatron's RNG tracker on the CPU generator: fork() runs its block on the tracker's own
-    state and keeps the advanced state (a new tensor) on leaving; get_states / set_states."""
-
-    def __init__(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.states = {"model-parallel-rng": g.get_state()}
-
-    def get_states(self) -> dict:
-        return dict(self.states)
-
-    def set_states(self, states: dict) -> None:
-        self.states = dict(states)
-
-    def fork(self, name: str = "model-parallel-rng"):
-        import contextlib
-
-        @contextlib.contextmanager
-        def block():
-            outside = torch.get_rng_state()
-            torch.set_rng_state(self.states[name])
-            try:
-                yield
-            finally:
-                self.states[name] = torch.get_rng_state()
-                torch.set_rng_state(outside)
-
-        return block()
-
-
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_rng_trackers_forks_draw_the_same_masks_when_recomputed(reentrant):
     # Megatron's dropout inside tensor-parallel regions draws from its tracker's fork; the
@@ -154,7 +124,8 @@ def test_rng_trackers_forks_draw_the_same_masks_when_recomputed(reentrant):
 
     grads = []
     for ckpt in (False, True):
-        tracker = _CpuTracker(seed=1)
+        tracker = te.CudaRNGStatesTracker(device="cpu")
+        tracker.add("model-parallel-rng", 1)
         xi = x.clone().requires_grad_()
         seg = make(tracker)
         with te.autocast(recipe=recipe.Float8CurrentScaling()):

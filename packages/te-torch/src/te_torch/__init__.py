@@ -18,6 +18,9 @@ This slice provides TE's quantizers and quantized tensors:
   ``sequence_parallel``);
 - ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
   recipe and its scaling updates inside the graphs;
+- ``CudaRNGStatesTracker``: Megatron's named RNG states (``get_rng_state_tracker``'s tracker);
+  ``distributed``: TE's ``transformer_engine.pytorch.distributed`` names (``checkpoint``,
+  ``CudaRNGStatesTracker``);
 - ``checkpoint``: activation recomputation under the forward's FP8 state (torch's checkpoint
   recomputes te modules outside their te.autocast region);
 - ``quantized_model_init`` (alias ``fp8_model_init``): modules built inside hold quantized
@@ -38,6 +41,7 @@ from te_core import recipe as recipe
 
 from te_torch import _blockwise_tensor, _float8_tensor, _mx_tensor
 from te_torch import _ops as _ops  # registers torch.ops.te.*
+from te_torch import distributed as distributed
 from te_torch import functional as functional
 from te_torch._autocast import autocast as autocast
 from te_torch._autocast import fp8_autocast as fp8_autocast
@@ -66,6 +70,7 @@ from te_torch._quantizers import Float8BlockQuantizer as Float8BlockQuantizer
 from te_torch._quantizers import Float8CurrentScalingQuantizer as Float8CurrentScalingQuantizer
 from te_torch._quantizers import Float8Quantizer as Float8Quantizer
 from te_torch._quantizers import Quantizer as Quantizer
+from te_torch._rng_tracker import CudaRNGStatesTracker as CudaRNGStatesTracker
 from te_torch._scaling_state import init_scaling_state as init_scaling_state
 from te_torch._version import __version__ as __version__
 
@@ -93,6 +98,8 @@ __all__ = [
     "fp8_autocast",
     "make_graphed_callables",
     "checkpoint",
+    "CudaRNGStatesTracker",
+    "distributed",
     "quantized_model_init",
     "fp8_model_init",
     "init_scaling_state",
