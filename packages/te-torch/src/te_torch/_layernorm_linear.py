@@ -36,15 +36,13 @@ from te_torch._module_base import (
     register_norm_params,
     reject_kwargs,
     reset_norm_params,
-    split_sizes,
     warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import (
     SplitModule,
-    column_shard,
     mark_norm_parallel,
-    split_module,
+    split_linear,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -123,12 +121,10 @@ class LayerNormLinear(SingleGemmModule, SplitModule):
                 f"{owner}: parallel_mode='row' is not implemented (its norm would normalize a slice "
                 "of the features); split it by columns, or use te.LayerNorm and a row te.Linear"
             )
-        rng = (get_rng_state_tracker, rng_tracker_name)
-        mode, size = split_module(self, owner, tp_group, tp_size, parallel_mode, sequence_parallel, rng)
-        self.parallel_mode = mode
-        split = split_sizes(owner, parameters_split, out_features)
-        if mode == "column":
-            out_features, split = column_shard(owner, out_features, split, size)
+        in_features, out_features, split = split_linear(
+            self, owner, in_features, out_features, parameters_split, tp_group, tp_size, parallel_mode,
+            sequence_parallel, (get_rng_state_tracker, rng_tracker_name),
+        )  # fmt: skip
         self.in_features, self.out_features = in_features, out_features
         self.normalization = normalization
         self.zero_centered_gamma = bool(zero_centered_gamma)

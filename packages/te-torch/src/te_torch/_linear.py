@@ -40,17 +40,14 @@ from te_torch._module_base import (
     init_weight,
     parameter,
     reject_kwargs,
-    split_sizes,
     warn_if_recomputed,
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import (
     SplitModule,
-    column_shard,
-    local_features,
     mark_parallel,
     rng_fork,
-    split_module,
+    split_linear,
 )
 from te_torch._token_pad import pad, pad_count, unpad
 
@@ -214,18 +211,16 @@ class Linear(SingleGemmModule, SplitModule):
         check_init_method(owner, "get_rng_state_tracker", get_rng_state_tracker)
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
-        rng = (get_rng_state_tracker, rng_tracker_name)
-        mode, size = split_module(self, owner, tp_group, tp_size, parallel_mode, sequence_parallel, rng)
-        self.parallel_mode = mode
-        split = split_sizes(owner, parameters_split, out_features)
-        if mode == "column":
-            out_features, split = column_shard(owner, out_features, split, size)
-        elif mode == "row":
-            in_features = local_features(owner, "in_features", in_features, size, mode)
+        in_features, out_features, split = split_linear(
+            self, owner, in_features, out_features, parameters_split, tp_group, tp_size, parallel_mode,
+            sequence_parallel, (get_rng_state_tracker, rng_tracker_name),
+        )  # fmt: skip
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         # a row split adds the bias after the sum over the ranks, not in the GEMM
-        self._gemm_adds_bias = not (self.return_bias or (self._tp is not None and mode == "row"))
+        self._gemm_adds_bias = not (
+            self.return_bias or (self._tp is not None and self.parallel_mode == "row")
+        )
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.init_method, self.name = init_method, name
         self.params_dtype = params_dtype

@@ -30,17 +30,17 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from te_torch._module_base import check_size
+from te_torch._module_base import check_size, split_sizes
 from te_torch._quantized_tensor import QuantizedTensor
 
 __all__ = [
     "SplitModule",
     "TensorParallel",
-    "column_shard",
     "local_features",
     "mark_norm_parallel",
     "mark_parallel",
     "rng_fork",
+    "split_linear",
     "split_module",
 ]
 
@@ -80,15 +80,33 @@ def split_module(module, owner: str, tp_group, tp_size, mode, sequence_parallel,
     return mode, size
 
 
-def column_shard(owner: str, out_features: int, split: dict | None, tp_size: int) -> tuple:
-    """(out_features, parameters_split) of one rank of a column split."""
-    out_features = local_features(owner, "out_features", out_features, tp_size, "column")
-    if split is not None:
-        split = {
-            n: local_features(owner, f"parameters_split[{n!r}]", v, tp_size, "column")
-            for n, v in split.items()
-        }
-    return out_features, split
+def split_linear(
+    module,
+    owner: str,
+    in_features: int,
+    out_features: int,
+    parameters_split,
+    tp_group,
+    tp_size,
+    mode,
+    sequence_parallel,
+    rng,
+) -> tuple:
+    """split_module for a linear layer (``module.parallel_mode`` set too): this rank's
+    (in_features, out_features, parameters_split sizes), a column split dividing the output
+    sizes and a row split the input's."""  # fmt: skip
+    mode, size = split_module(module, owner, tp_group, tp_size, mode, sequence_parallel, rng)
+    module.parallel_mode = mode
+    split = split_sizes(owner, parameters_split, out_features)
+    if mode == "column":
+        out_features = local_features(owner, "out_features", out_features, size, mode)
+        if split is not None:
+            split = {
+                n: local_features(owner, f"parameters_split[{n!r}]", v, size, mode) for n, v in split.items()
+            }
+    elif mode == "row":
+        in_features = local_features(owner, "in_features", in_features, size, mode)
+    return in_features, out_features, split
 
 
 def mark_norm_parallel(module) -> None:
