@@ -46,9 +46,10 @@ __all__ = [
 
 PARALLEL_MODES = (None, "column", "row")
 
-# torch 2.13 names them *_single (the *_tensor names warn); torch 2.11 has only the latter
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 names them *_single (the *_tensor names warn); torch 2.11 has only the latter; a torch
+# built without distributed support has neither (and no group to pass)
+_all_gather = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
 
 
 def parallel_config(owner: str, tp_group, tp_size, parallel_mode, sequence_parallel) -> tuple:
@@ -94,7 +95,7 @@ def split_linear(
 ) -> tuple:
     """split_module for a linear layer (``module.parallel_mode`` set too): this rank's
     (in_features, out_features, parameters_split sizes), a column split dividing the output
-    sizes and a row split the input's."""  # fmt: skip
+    sizes and a row split the input's."""
     mode, size = split_module(module, owner, tp_group, tp_size, mode, sequence_parallel, rng)
     module.parallel_mode = mode
     split = split_sizes(owner, parameters_split, out_features)
@@ -132,7 +133,8 @@ class SplitModule:
 
 
 def group_size(owner: str, arg: str, group) -> int:
-    if not isinstance(group, dist.ProcessGroup):
+    """The size of ``group``, a torch.distributed ProcessGroup (TypeError naming ``arg`` else)."""
+    if not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
         raise TypeError(f"{owner}: {arg}: expected a torch.distributed ProcessGroup or None, got {group!r}")
     return dist.get_world_size(group)
 
