@@ -32,6 +32,7 @@ from te_torch._module_base import (
     check_params_dtype,
     check_size,
     detached,
+    norm_module_outputs,
     parameter,
     register_norm_params,
     reject_kwargs,
@@ -240,9 +241,7 @@ class LayerNormLinear(SingleGemmModule, SplitModule):
             if s.calibrating:
                 self._gemm.calibrate(ln_out, weight, s.recipe, s.group)
             out = linear(ln_out, weight, gemm_bias, self.fuse_wgrad_accumulation)
-        if self.return_bias:
-            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
-        return (out, ln_out) if self.return_layernorm_output else out
+        return norm_module_outputs(self, out, bias, ln_out)
 
     @torch.compiler.disable
     def _forward_tp(self, inp, first, fp8_output: bool, fp8_grad: bool):
@@ -262,9 +261,7 @@ class LayerNormLinear(SingleGemmModule, SplitModule):
             first, self.fuse_wgrad_accumulation,
         )  # fmt: skip
         ln_out = x if self.return_layernorm_output_gathered else ln_out
-        if self.return_bias:
-            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
-        return (out, ln_out) if self.return_layernorm_output else out
+        return norm_module_outputs(self, out, bias, ln_out)
 
     # Under torch.compile this runs eagerly (a graph break): its quantized outputs and inputs
     # are not traced yet.
@@ -296,6 +293,4 @@ class LayerNormLinear(SingleGemmModule, SplitModule):
             cfg,
         )
         out, ln_out = res if self.return_layernorm_output else (res, None)
-        if self.return_bias:
-            return (out, bias, ln_out) if self.return_layernorm_output else (out, bias)
-        return (out, ln_out) if self.return_layernorm_output else out
+        return norm_module_outputs(self, out, bias, ln_out)

@@ -38,6 +38,7 @@ from te_torch._module_base import (
     check_size,
     detached,
     init_weight,
+    norm_module_outputs,
     parameter,
     register_norm_params,
     reject_kwargs,
@@ -271,9 +272,7 @@ class LayerNormMLP(QuantizedModule, SplitModule):
             if s.calibrating:
                 self._fc2.calibrate(act, w2, s.recipe, s.group)
             out = linear(act, w2, gemm_b2, fuse)
-        if self.return_bias:
-            return (out, b2, ln_out) if self.return_layernorm_output else (out, b2)
-        return (out, ln_out) if self.return_layernorm_output else out
+        return norm_module_outputs(self, out, b2, ln_out)
 
     @torch.compiler.disable
     def _forward_tp(self, inp, first):
@@ -287,6 +286,4 @@ class LayerNormMLP(QuantizedModule, SplitModule):
         h = linear_step(owner, self._fc1, features, self._tp.column_input(ln_out), w1, b1, first, fuse)
         out = linear_step(owner, self._fc2, features, activation(h, self._kind), w2, None, first, fuse)
         out = self._tp.row_output(out, b2, self.return_bias)
-        if self.return_bias:
-            return (out, b2, ln_out) if self.return_layernorm_output else (out, b2)
-        return (out, ln_out) if self.return_layernorm_output else out
+        return norm_module_outputs(self, out, b2, ln_out)

@@ -45,12 +45,13 @@ def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPOR
             raise NotImplementedError(f"{owner}: {key}={value!r} is not implemented in te yet")
 
 
-def reject_parallel(owner: str, sequence_parallel, tp_size, tp_group, parallel_mode) -> None:
-    if sequence_parallel or tp_size != 1 or tp_group is not None or parallel_mode:
-        raise NotImplementedError(
-            f"{owner}: tensor/sequence parallelism (tp_group, tp_size, parallel_mode / "
-            f"set_parallel_mode, sequence_parallel) is not implemented for {owner} yet (te.Linear has it)"
-        )
+def norm_module_outputs(module, out, bias, ln_out):
+    """A norm module's (LayerNormLinear's, LayerNormMLP's) forward return: ``out``, then ``bias``
+    if ``return_bias``, then the norm output if ``return_layernorm_output`` (a tuple when more
+    than one)."""
+    if module.return_bias:
+        return (out, bias, ln_out) if module.return_layernorm_output else (out, bias)
+    return (out, ln_out) if module.return_layernorm_output else out
 
 
 def check_size(owner: str, arg: str, v) -> int:
