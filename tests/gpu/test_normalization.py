@@ -284,12 +284,14 @@ def test_fwd_16384x8192_vs_cpu():
 
 
 # LayerNorm's rows of 8 chunks (16-bit x) with 16-bit weights of x's dtype and a full wave of rows
-# take the kernel holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
+# take the kernels holding several rows a CTA and the weights in shared memory, on a 132-SM GPU:
 # six rows of H 8192 / 8000 a CTA (792 rows a wave), eight of H 6144 with a per-tensor FP8 output
-# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM). H 8000
-# has the row's last thread partly outside it. The rows interleave across CTAs; the row counts
-# leave 40 rows past the last whole wave (1624 = 2 x 792 + 40; 5320 = 5 x 1056 + 40), so 40 CTAs
-# take one turn more than the others, with one live row in it.
+# (1056; its high-precision output stays one row a CTA: that kernel fits nine CTAs an SM), four /
+# five with 1x128 blocks (528 / 660) where DRAM feeds each SM at >= 30 GB/s (an H200; an H100 keeps
+# them one row a CTA: test_fwd_block1d_kernel_choice). H 8000 has the row's last thread partly outside it. The rows
+# interleave across CTAs; the row counts leave 40 rows past the last whole wave of every kernel
+# (1624 = 2 x 792 + 40 = 3 x 528 + 40; 5320 = 5 x 1056 + 40 = 8 x 660 + 40), so 40 CTAs take one
+# turn more than the others, with one live row in it.
 SHARED_W_SHAPES = [(1624, 8192), (1624, 8000), (5320, 6144)]
 
 
@@ -443,17 +445,70 @@ def test_fwd_fp8_16384x8192(case):
         "current",
         "current_colonly",
         "delayed_reset",
+        "block1d_row",
+        "block1d_fp32_scales",
     ],
 )
 @pytest.mark.parametrize("x_dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", SHARED_W_SHAPES, ids=str)
 def test_fwd_fp8_shared_weights(shape, x_dt, case):
-    """The per-tensor FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm: every
-    part the same bits as te_quantize of the fp32 y (whose path is checked against the CPU and the
-    one-row kernel there)."""
+    """The FP8 forms of test_fwd_shared_weights_vs_cpu_and_one_row's LayerNorm (per-tensor; 1x128
+    blocks): every part the same bits as te_quantize of the fp32 y (whose path is checked against
+    the CPU and the one-row kernel there)."""
     fmt = "e5m2" if case == "current_colonly" else "e4m3"
     x, gamma, beta = fwd_inputs(shape, x_dt, x_dt, x_dt, ("shared-w-fp8", shape, case))
     check_fp8(shape, case, fmt, x, gamma, beta, False, zcg=False)
+
+
+# te-core's line for LayerNorm's 1x128 shared-weights rows (norm_fwd.cuh,
+# kSharedWBlockMinMbpsPerSm): peak DRAM MB/s over the SM count.
+SHARED_W_BLOCK_MIN_MBPS_PER_SM = 30000
+
+
+def norm_kernels(fn):
+    """Names of the norm forward kernels `fn` launches (torch.profiler's CUDA activity)."""
+    torch = _torch()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if "norm_fwd" in e.name})
+
+
+def test_fwd_block1d_kernel_choice():
+    """LayerNorm's 1x128 rows hold several rows a CTA with the weights in shared memory exactly
+    where DRAM is fast per SM (H200: 0.140 -> 0.128 ms at 16384 x 8192; H100: 7% slower), and the
+    per-tensor rows on every card; RMSNorm's 1x128 rows keep one row a CTA."""
+    torch = _torch()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if not hasattr(props, "memory_clock_rate"):
+        pytest.skip(f"torch {torch.__version__} does not report the memory clock to predict the choice")
+    mbps = props.memory_clock_rate * props.memory_bus_width * 2 // 8 // 1000
+    fast = mbps // props.multi_processor_count >= SHARED_W_BLOCK_MIN_MBPS_PER_SM
+    shape = (1624, 8192)
+    x, gamma, beta = fwd_inputs(shape, "bfloat16", "bfloat16", "bfloat16", "choice")
+
+    def one(case, rms):
+        return norm_kernels(
+            lambda: run_fwd(
+                "cuda",
+                x,
+                gamma,
+                None if rms else beta,
+                lambda d: fp8_output(case, shape, "e4m3", d),
+                rms,
+                quant=quant_config(case),
+            )
+        )
+
+    where = f"{props.name}, {mbps // props.multi_processor_count} MB/s an SM"
+    block = one("block1d_row", False)
+    assert len(block) == 1 and ("shared_w_block" in block[0]) == fast, (where, block)
+    per_tensor = one("delayed", False)
+    assert len(per_tensor) == 1 and "shared_w_kernel" in per_tensor[0], (where, per_tensor)
+    rms_block = one("block1d_row", True)
+    assert len(rms_block) == 1 and "shared_w" not in rms_block[0], (where, rms_block)
 
 
 # ---- backward -------------------------------------------------------------------------------

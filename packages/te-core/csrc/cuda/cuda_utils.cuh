@@ -53,6 +53,11 @@ class RelaxedCapture {
 // Multiprocessor count of the current device (cached per device ordinal; device.cu).
 int sm_count();
 
+// Peak DRAM bandwidth of the current device divided by its SM count, in MB/s (the memory clock
+// x bus width x 2 for double data rate; cached per device ordinal; device.cu): what the same
+// kernel's latency has to hide on each SM. H100 SXM ~25,000, H200 ~37,000.
+int dram_mbps_per_sm();
+
 // Resident blocks per SM of `kernel` at `threads` threads (queried once per kernel instance).
 template <typename Kernel>
 int blocks_per_sm(Kernel kernel, int threads, int fallback) {

@@ -545,10 +545,15 @@ __global__ void __maxnreg__(kWideRowRegs) norm_fwd_wide_rows_kernel(const FwdPar
 }
 template <typename T, int kOut, int kChunks, bool kRms, bool kW16>
 constexpr bool kWideRows = sizeof(T) == 2 && kChunks == 8 && kOut != kOutBlock1D && (!kRms || kW16);
-// LayerNorm's wide rows with 16-bit weights, several rows a CTA (launch_rows_shared_w).
+// LayerNorm's rows with 16-bit weights, several rows a CTA (launch_rows_shared_w): the wide rows,
+// and the 1x128 ones under the one-row kernel's register bound.
 template <typename T, int kOut, int kFmt, int kChunks>
 __global__ void __maxnreg__(kWideRowRegs) norm_fwd_shared_w_kernel(const FwdParams p) {
   fwd_rows<T, kOut, kFmt, kChunks, false, true, true>(p);
+}
+template <typename T, int kFmt, int kChunks>
+__global__ void __launch_bounds__(kRowThreads<T, kChunks>, 1) norm_fwd_shared_w_block_kernel(const FwdParams p) {
+  fwd_rows<T, kOutBlock1D, kFmt, kChunks, false, true, true>(p);
 }
 
 // Re-read path: the row in steps of X * 8 * kIter columns, once per pass (L2 after the first).
@@ -726,11 +731,10 @@ int shared_w_rows(int X, size_t row_bytes) {
 // BF16 0.152-0.154 -> 0.149-0.150. On an H100, whose LayerNorm rows were already at 0.85-0.90 of
 // its lower copy bandwidth, the same change moved them by -1 to +2%. RMSNorm (16 KB of weights,
 // which mostly hit L1) gained nothing in BF16 and lost 6% in per-tensor FP8 this way on the H200,
-// so it keeps one row a CTA. So do LayerNorm's 1x128 rows: in this form (four rows a CTA at
-// H 8192, five at 6144) they ran 5-7% slower on an H100 (0.156 -> 0.167 ms at 16384 x 8192,
-// thirty-ninth session), and they have not yet run on an H200. Only for a full wave of rows (fewer
-// would sit on fewer SMs than one row a CTA spreads them over). False: the caller launches the
-// one-row kernel.
+// so it keeps one row a CTA. The 1x128 rows (four a CTA at H 8192: they hold all their y values
+// in 128 registers) take it where DRAM is fast per SM (kSharedWBlockMinMbpsPerSm). Only for a full
+// wave of rows (fewer would sit on fewer SMs than one row a CTA spreads them over). False: the
+// caller launches the one-row kernel.
 template <auto kShared, auto kOne, typename T, int kChunks, int kStages, int kMaxCta>
 bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, const char* name, cudaStream_t stream) {
   if (layout.rows != 1) return false;
@@ -747,6 +751,16 @@ bool launch_rows_shared_w(FwdParams p, const norm::RowLayout& layout, const char
   return true;
 }
 
+// LayerNorm's 1x128 rows in the shared-weights form, measured at 16384 x 8192 bf16: on the H200
+// (4.9 TB/s over 132 SMs, ~37 GB/s an SM) 0.140 -> 0.128 ms (0.69 -> 0.75 of copy, forty-fifth
+// session); on an H100 SXM (3.35 TB/s, ~25 GB/s an SM) 0.156 -> 0.167 ms, 5% slower at H 6144
+// and 8% faster at H 12288 (two rows a CTA; thirty-ninth session). The form trades each chunk's L1 / L2 reads of gamma and beta for two
+// shared-memory reads an element: where DRAM feeds each SM faster, the weights' L2 re-reads are
+// what the one-row kernel waits on (LayerNorm's per-tensor rows gained 0.73 -> 0.92 of copy on
+// the H200 the same way); where it feeds them slower, the H100's L1 held the weights well enough
+// and the extra shared reads cost more. The line sits between the two measured cards.
+constexpr int kSharedWBlockMinMbpsPerSm = 30000;
+
 template <typename T, int kOut, int kFmt, int kChunks, bool kRms, bool kW16>
 void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stream) {
   constexpr int kStages = kFwdStages<T, kOut, kChunks, kRms>;
@@ -760,7 +774,15 @@ void launch_rows_w(FwdParams p, const norm::RowLayout& layout, cudaStream_t stre
     }
     launch_rows_with<kWide, T, kChunks, kStages>(p, layout, stream);
   } else {
-    launch_rows_with<norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>, T, kChunks, kStages>(p, layout, stream);
+    constexpr auto kOne = norm_fwd_rows_kernel<T, kOut, kFmt, kChunks, kRms, kW16>;
+    if constexpr (kOut == kOutBlock1D && !kRms && kW16 && kChunks == 8) {
+      if (dram_mbps_per_sm() >= kSharedWBlockMinMbpsPerSm &&
+          launch_rows_shared_w<norm_fwd_shared_w_block_kernel<T, kFmt, kChunks>, kOne, T, kChunks, kStages,
+                               kRowThreads<T, kChunks>>(p, layout, "norm_fwd_shared_w_block_kernel", stream)) {
+        return;
+      }
+    }
+    launch_rows_with<kOne, T, kChunks, kStages>(p, layout, stream);
   }
 }
 
