@@ -129,6 +129,21 @@ def test_layernorm_mlp_splits_te_columns_gemm_by_gemm():
         assert torch.equal(st[name]["bwd_scale"], te_state["scale_bwd"][2 * k : 2 * k + 2])
 
 
+def test_grouped_linear_takes_te_columns_gemm_by_gemm():
+    """TE's GroupedLinear keeps GEMM i's input, weight and output in forward columns 3i..3i+2 and
+    its grad_output / grad_input in backward columns 2i..2i+1 (its per-GEMM offsets)."""
+    m = te.GroupedLinear(3, 64, 32, device="cpu")
+    te_state = _delayed(3, seed=3)
+    m.load_state_dict({**m.state_dict(), "_extra_state": _te_extra_state(te_state)})
+    st = m.state_dict()["_extra_state"]
+    for k in range(3):
+        g = st[f"gemm{k}"]
+        assert torch.equal(g["fwd_amax_history"], te_state["amax_history_fwd"][:, 3 * k : 3 * k + 3])
+        assert torch.equal(g["fwd_scale"], te_state["scale_fwd"][3 * k : 3 * k + 3])
+        assert torch.equal(g["bwd_amax_history"], te_state["amax_history_bwd"][:, 2 * k : 2 * k + 2])
+        assert torch.equal(g["bwd_scale"], te_state["scale_bwd"][2 * k : 2 * k + 2])
+
+
 @pytest.mark.parametrize(
     "payload", [None, {"extra_fp8_variables": {"num_gemms": 1}}], ids=["never in FP8", "stateless recipe"]
 )

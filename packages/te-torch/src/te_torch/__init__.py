@@ -16,6 +16,9 @@ This slice provides TE's quantizers and quantized tensors:
   dequantizes the operands to BF16 for each GEMM, on CPU and on Hopper alike); the three split
   over a tensor-parallel group (``parallel_mode`` / ``set_parallel_mode``, ``tp_group``,
   ``sequence_parallel``);
+- ``GroupedLinear``: ``num_gemms`` weights over consecutive row groups of one input (a
+  mixture-of-experts layer's experts), each GEMM a te.Linear step with its own recipe state;
+  ``Fp8Padding`` / ``Fp8Unpadding`` pad each group's rows to the recipe's alignment and back;
 - ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
   recipe and its scaling updates inside the graphs;
 - ``CudaRNGStatesTracker``: Megatron's named RNG states (``get_rng_state_tracker``'s tracker);
@@ -53,7 +56,10 @@ from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
 from te_torch._checkpoint import checkpoint as checkpoint
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
+from te_torch._fp8_padding import Fp8Padding as Fp8Padding
+from te_torch._fp8_padding import Fp8Unpadding as Fp8Unpadding
 from te_torch._graphs import make_graphed_callables as make_graphed_callables
+from te_torch._grouped_linear import GroupedLinear as GroupedLinear
 from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
 from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
@@ -90,6 +96,9 @@ __all__ = [
     "MXFP8Tensor",
     "NVFP4Tensor",
     "Linear",
+    "GroupedLinear",
+    "Fp8Padding",
+    "Fp8Unpadding",
     "LayerNormLinear",
     "LayerNormMLP",
     "LayerNorm",
