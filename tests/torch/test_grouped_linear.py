@@ -385,3 +385,61 @@ def test_deepcopy_keeps_each_gemm_state():
     for a, b in zip(m._gemm_states, c._gemm_states, strict=True):
         assert torch.equal(a.fwd.amax_history, b.fwd.amax_history)
         assert a.fwd.amax_history.data_ptr() != b.fwd.amax_history.data_ptr()
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_eager_steps_run_in_one_function_with_the_per_group_numbers(name):
+    """Eagerly under the per-tensor and block recipes the groups run in one GroupedStepFn (one
+    autograd node, rows written in place); torch.compile's trace runs group by group, so the
+    compiled step is the per-group path: both give the same bits, forward and backward."""
+    r = RECIPES[name]()
+    m = make()
+    m2, m3 = copy.deepcopy(m), copy.deepcopy(m)  # delayed scaling: each run from the same state
+    x = torch.randn(sum(SPLITS), K)
+    dy = torch.randn(sum(SPLITS), N)
+
+    def step(x, m):
+        with te.autocast(recipe=r):
+            return m(x, SPLITS)
+
+    xe = x.clone().requires_grad_(True)
+    ye = step(xe, m)
+    assert type(ye.grad_fn).__name__ == "GroupedStepFnBackward"
+    ye.backward(dy)
+    eager = [ye.detach(), xe.grad, *(p.grad for p in m.parameters())]
+    xc = x.clone().requires_grad_(True)
+    yc = torch.compile(step, backend="aot_eager")(xc, m2)
+    yc.backward(dy)
+    traced = [yc.detach(), xc.grad, *(p.grad for p in m2.parameters())]
+    for k, (a, b) in enumerate(zip(eager, traced, strict=True)):
+        assert torch.equal(a, b), k
+    with torch.no_grad():
+        assert torch.equal(step(x, m3), eager[0])  # the inference forward: no Function at all
+
+
+def test_grouped_step_backward_twice_needs_retain_graph():
+    m = make(num_gemms=2)
+    x = torch.randn(32, K, requires_grad=True)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = m(x, [16, 16])
+    y.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    y.sum().backward()
+    assert torch.equal(x.grad, 2 * first)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = m(x, [16, 16])
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
+def test_mxfp8_and_row_split_biases_take_the_per_group_path():
+    m = make(num_gemms=2)
+    x = torch.randn(64, K, requires_grad=True)
+    with te.autocast(recipe=recipe.MXFP8BlockScaling()):
+        y = m(x, [32, 32])
+    assert type(y.grad_fn).__name__ != "GroupedStepFnBackward"
+    row = te.GroupedLinear(2, 2 * K, N, parallel_mode="row", tp_size=2, device="cpu")
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = row(x, [32, 32])
+    assert type(y.grad_fn).__name__ != "GroupedStepFnBackward"

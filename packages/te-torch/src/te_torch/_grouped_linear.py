@@ -7,7 +7,10 @@ GEMM is a te.Linear step of its own (``_linear.linear_step``): inside ``te.autoc
 own quantizers and, under DelayedScaling, its own amax history and scales (TE's layout: GEMM i's
 input, weight and output in forward columns 3i..3i+2, its grad_output and grad_input in backward
 columns 2i..2i+1, so a TE checkpoint's ``_extra_state`` loads). The GEMMs run one after another
-on the current stream; TE's grouped GEMM kernel is not used.
+on the current stream; TE's grouped GEMM kernel is not used. Eagerly under the per-tensor and
+block recipes the groups' steps run inside one autograd Function (GroupedStepFn), each as
+te.Linear's fused step (_linear_step) writing its rows of one output (and, in backward, of one
+input gradient): no autograd node, split or concatenation per group.
 
 Tensor parallelism (``parallel_mode``, ``tp_group``, ``tp_size``, ``sequence_parallel``) only
 sizes and labels the parameters, as in TE: a column split keeps ``out_features / tp_size`` rows of
@@ -21,7 +24,9 @@ import numbers
 
 import torch
 
+from te_torch import _autocast, _linear_step
 from te_torch._availability import default_device
+from te_torch._fast_apply import raw_apply, transforms_active, wrapper_needed
 from te_torch._gemm_state import GemmState
 from te_torch._high_precision import linear
 from te_torch._info_once import info_once
@@ -39,6 +44,7 @@ from te_torch._module_base import (
     parameter,
     reject_kwargs,
 )
+from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import SplitModule, mark_parallel, rng_fork, split_linear
 
 __all__ = ["GroupedLinear", "check_m_splits"]
@@ -78,6 +84,82 @@ def check_m_splits(owner: str, m_splits, num_gemms: int, rows: int | None) -> li
             f"(the product of its leading dims) = {rows}"
         )
     return splits
+
+
+class _GroupCtx:
+    """One group's part of GroupedStepFn's context: what _linear_step.forward keeps for its
+    backward, and the gradients its backward is asked for."""
+
+    __slots__ = (
+        "needs_input_grad", "packed", "plan", "c", "fuse", "saved_buf", "keep", "sp", "w_bwd", "x_dtype",
+        "weight", "w_dtype", "b_dtype",
+    )  # fmt: skip
+
+
+def grouped_forward(ctx, x, splits, first, fuse: bool, cs, weights, biases) -> torch.Tensor:
+    """Every group's fused step (_linear_step.forward) into its rows of one output [M, N]; with
+    ``ctx`` (GroupedStepFn's) each non-empty group's _GroupCtx goes to ``ctx.groups``."""
+    out = torch.empty((x.shape[0], weights[0].shape[0]), dtype=x.dtype, device=x.device)
+    need_dx = ctx is not None and ctx.needs_input_grad[0]
+    groups = []
+    r0 = 0
+    for m, c, w, b in zip(splits, cs, weights, biases, strict=True):
+        g = None
+        if m:
+            need = None
+            if ctx is not None:
+                g = _GroupCtx()
+                g.needs_input_grad = (need_dx, w.requires_grad, b is not None and b.requires_grad)
+                need = g.needs_input_grad[:2]
+            _linear_step.forward(g, x[r0 : r0 + m], w, b, c, first, fuse, need, out[r0 : r0 + m])
+        groups.append(g)
+        r0 += m
+    if ctx is not None:
+        ctx.groups = groups
+    return out
+
+
+class GroupedStepFn(torch.autograd.Function):
+    """Eager per-tensor / block FP8 steps of every group in one Function (see the module
+    docstring): forward(x [M, K] contiguous, splits, first, fuse, contexts, *weights, *biases)."""
+
+    @staticmethod
+    def forward(ctx, x, splits, first, fuse, cs, *params):
+        n = len(splits)
+        out = grouped_forward(ctx, x, splits, first, fuse, cs, params[:n], params[n:])
+        ctx.splits, ctx.fuse = splits, fuse
+        ctx.x_shape = x.shape
+        ctx.w_like = [(w.shape, w.dtype) for w in params[:n]]
+        ctx.b_like = [None if b is None else (b.shape, b.dtype) for b in params[n:]]
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        if type(dy) is not torch.Tensor and isinstance(dy, QuantizedTensor):
+            dy = dy.dequantize()
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        n = len(ctx.splits)
+        need = ctx.needs_input_grad
+        dx = torch.empty(ctx.x_shape, dtype=dy.dtype, device=dy.device) if need[0] else None
+        dws, dbs = [None] * n, [None] * n
+        r0 = 0
+        for i, (m, g) in enumerate(zip(ctx.splits, ctx.groups, strict=True)):
+            if m:
+                rows = slice(r0, r0 + m)
+                _, dws[i], dbs[i], *_ = _linear_step.backward(g, dy[rows], None if dx is None else dx[rows])
+            else:  # an empty product: zero gradients (main_grad left as it is)
+                if need[5 + i] and not ctx.fuse:
+                    shape, dtype = ctx.w_like[i]
+                    dws[i] = torch.zeros(shape, dtype=dtype, device=dy.device)
+                if need[5 + n + i]:
+                    shape, dtype = ctx.b_like[i]
+                    dbs[i] = torch.zeros(shape, dtype=dtype, device=dy.device)
+            r0 += m
+        return (dx, None, None, None, None, *dws, *dbs)
+
+
+_GROUPED_APPLY = raw_apply(GroupedStepFn)
 
 
 class GroupedLinear(QuantizedModule, SplitModule):
@@ -213,9 +295,20 @@ class GroupedLinear(QuantizedModule, SplitModule):
             bad_input(_OWNER, inp, self.in_features)
         k = self.in_features
         splits = check_m_splits(_OWNER, m_splits, self.num_gemms, inp.numel() // k)
-        chunks = torch.split(inp.reshape(-1, k), splits)
         fuse, adds = self.fuse_wgrad_accumulation, self._gemm_adds_bias
         biases = [parameter(self, n) for n in self._bias_names]
+        s = _autocast.STATE
+        # a row split's biases are added after the GEMMs: the per-group path below does that
+        row_bias = self.use_bias and not (adds or self.return_bias)
+        if s.fp8 and not row_bias and is_eager(inp) and not transforms_active():
+            weights = [parameter(self, n) for n in self._weight_names]
+            states = zip(self._gemm_states, weights, strict=True)
+            cs = [g.ctx_for(s.recipe, s.group, w.device) for g, w in states]
+            if all(c.packed_ok for c in cs):
+                gb = biases if adds else None
+                out = self._forward_grouped(inp, splits, is_first_microbatch, cs, weights, gb)
+                return (out, biases) if self.return_bias else out
+        chunks = torch.split(inp.reshape(-1, k), splits)
         outs = []
         for i, (x, m) in enumerate(zip(chunks, splits, strict=True)):
             w, b = parameter(self, self._weight_names[i]), biases[i]
@@ -232,3 +325,20 @@ class GroupedLinear(QuantizedModule, SplitModule):
             outs.append(y)
         out = torch.cat(outs).view(*inp.shape[:-1], self.out_features)
         return (out, biases) if self.return_bias else out
+
+    def _forward_grouped(self, inp, splits, first, cs, weights, biases) -> torch.Tensor:
+        """forward() through GroupedStepFn (every context packed_ok, eager): y [..., N]."""
+        for m, c in zip(splits, cs, strict=True):
+            if m and c.delayed:
+                _autocast.register_forward(c.fwd_entry)
+        x = inp.reshape(-1, self.in_features)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        gb = [None] * self.num_gemms if biases is None else biases
+        fuse = self.fuse_wgrad_accumulation
+        if torch.is_grad_enabled():
+            apply = GroupedStepFn.apply if wrapper_needed() else _GROUPED_APPLY
+            out = apply(x, tuple(splits), first, fuse, cs, *weights, *gb)
+        else:
+            out = grouped_forward(None, x, splits, first, fuse, cs, weights, gb)
+        return out if inp.dim() == 2 else out.view(*inp.shape[:-1], self.out_features)

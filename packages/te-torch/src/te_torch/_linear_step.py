@@ -221,12 +221,21 @@ def quantized_here(first, *weights: torch.Tensor) -> bool:
     return all(type(w) in PLAIN_TYPES or not isinstance(w, QuantizedTensor) for w in weights)
 
 
-def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool):
+def forward(
+    ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_wgrad: bool, need=None, out=None
+):
     """LinearFn.forward, eagerly (see the module docstring). With ``ctx`` None it is the module's
     whole forward under torch.no_grad(), called without an autograd Function: it keeps nothing
     for a backward (on the H200 host Function.apply, the detaches and the ctx fields it needs
-    cost a 15-token inference forward about a third of its host time)."""
-    need_dx, need_dw = (inp.requires_grad, weight.requires_grad) if ctx is not None else (False, False)
+    cost a 15-token inference forward about a third of its host time).
+
+    A caller stepping several GEMMs in one Function (te.GroupedLinear) gives ``need`` (need_dx,
+    need_dw; else read from the tensors' requires_grad) and ``out``, the contiguous rows of its
+    output this GEMM writes (else a new tensor)."""
+    if need is not None:
+        need_dx, need_dw = need
+    else:
+        need_dx, need_dw = (inp.requires_grad, weight.requires_grad) if ctx is not None else (False, False)
     if not inp.is_contiguous():
         inp = inp.contiguous()
     dev = inp.get_device()
@@ -252,7 +261,8 @@ def forward(ctx, inp: torch.Tensor, weight: torch.Tensor, bias, c, first, fuse_w
     w_fwd, w_bwd = weight_operands(weight, w_plan, dev, tp + xr, sp + xc)
     b_dtype = None if bias is None else bias.dtype
     bias = gemm_bias(bias, inp.dtype)
-    out = _empty(plan.out_shape, dtype=inp.dtype, device=device)
+    if out is None:
+        out = _empty(plan.out_shape, dtype=inp.dtype, device=device)
     _linear_fwd(
         x_fwd, w_fwd, spec(bias), (out.data_ptr(), plan.out_dt, plan.out_shape, dev), plan.fprop, stream
     )  # fmt: skip
@@ -326,9 +336,10 @@ def grad_plan(c, dy: torch.Tensor, need_row: bool, need_col: bool) -> GradPlan:
     return gp
 
 
-def backward(ctx, dy: torch.Tensor) -> tuple:
+def backward(ctx, dy: torch.Tensor, dx=None) -> tuple:
     """LinearFn.backward, eagerly: (dx, dw, db, None, None, None); a quantized ``dy`` as in
-    given_grad."""
+    given_grad. ``dx``: the contiguous rows of a larger input gradient this GEMM writes (else a
+    new tensor)."""
     c, plan = ctx.c, ctx.plan
     check_not_released(ctx, c.owner)
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
@@ -360,9 +371,12 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         need_db = False  # summed by given_grad
     if need_db:
         db = _empty(plan.out_shape[-1:], dtype=ctx.b_dtype, device=device)
-    dx = dx_spec = None
-    if need_dx:
-        dx = _empty(plan.x_shape, dtype=dy.dtype, device=device)
+    dx_spec = None
+    if not need_dx:
+        dx = None
+    else:
+        if dx is None:
+            dx = _empty(plan.x_shape, dtype=dy.dtype, device=device)
         dx_spec = (dx.data_ptr(), gp.dy_dt, plan.x_shape, dev)
     dw = dw_spec = wgrad = x_bwd = None
     if need_dw:
