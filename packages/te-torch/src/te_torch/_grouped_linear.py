@@ -46,6 +46,7 @@ from te_torch._module_base import (
 )
 from te_torch._quantized_tensor import QuantizedTensor, is_eager
 from te_torch._tensor_parallel import SplitModule, mark_parallel, rng_fork, split_linear
+from te_torch._token_pad import ALIGN
 
 __all__ = ["GroupedLinear", "check_m_splits"]
 
@@ -304,7 +305,9 @@ class GroupedLinear(QuantizedModule, SplitModule):
             weights = [parameter(self, n) for n in self._weight_names]
             states = zip(self._gemm_states, weights, strict=True)
             cs = [g.ctx_for(s.recipe, s.group, w.device) for g, w in states]
-            if all(c.packed_ok for c in cs):
+            # per-tensor steps pad a group's rows inside; block-scaled GEMMs need them aligned
+            # (cuBLASLt's refuse M=37), which the per-group path pads
+            if all(c.packed_ok and (c.per_tensor or m % ALIGN == 0) for c, m in zip(cs, splits, strict=True)):
                 gb = biases if adds else None
                 out = self._forward_grouped(inp, splits, is_first_microbatch, cs, weights, gb)
                 return (out, biases) if self.return_bias else out
