@@ -17,8 +17,23 @@ RECIPES = {
     "current": recipe.Float8CurrentScaling,
     "block": recipe.Float8BlockScaling,
 }
+
+
+class _Experts(torch.nn.Module):
+    """te.GroupedLinear over two halves of the segment's rows and an empty group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = te.GroupedLinear(3, 64, 64)
+
+    def forward(self, x):
+        half = x.shape[0] // 2
+        return self.experts(x, [half, 0, x.shape[0] - half])
+
+
 SEGMENTS = {
     "linear": lambda: te.Linear(64, 64),
+    "grouped": _Experts,
     "ln_mlp": lambda: te.LayerNormMLP(64, 128),
     "stack": lambda: torch.nn.Sequential(te.LayerNormLinear(64, 128), torch.nn.GELU(), te.Linear(128, 64)),
 }
