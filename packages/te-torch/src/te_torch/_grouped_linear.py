@@ -181,8 +181,9 @@ class GroupedLinear(QuantizedModule, SplitModule):
             initialization; no collective runs in the module (see the module docstring).
     Parameters: ``weight{i}`` [out_features, in_features] and ``bias{i}`` [out_features] for i
     in range(num_gemms) (TE's names, so TE checkpoints load); ``bias{i}`` is None without bias.
-    TE's ``single_grouped_weight`` / ``single_grouped_bias`` layouts and ``delay_wgrad_compute``
-    raise NotImplementedError; ``use_grouped_tensor`` is accepted (te runs one path).
+    TE's ``single_grouped_weight`` / ``single_grouped_bias`` layouts raise NotImplementedError;
+    ``use_grouped_tensor`` is accepted (te runs one path), ``delay_wgrad_compute`` as by every te
+    module (weight gradients in backward; docs/linear.rst).
     """
 
     def __init__(

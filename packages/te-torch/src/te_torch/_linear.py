@@ -177,8 +177,9 @@ class Linear(SingleGemmModule, SplitModule):
             and a row layer reduce-scatters its output (that dimension must divide by tp_size).
         get_rng_state_tracker, rng_tracker_name: the weight is initialised under
             ``get_rng_state_tracker().fork()`` (``fork(rng_tracker_name)``), as TE does.
-    Userbuffers and delayed wgrad are not implemented yet; setting them raises
-    NotImplementedError.
+        delay_wgrad_compute: taken; the weight gradient is still computed in backward (logged
+            once at INFO), so ``backward_dw()`` has nothing to do (docs/linear.rst).
+    Userbuffers are not implemented yet; setting them raises NotImplementedError.
     """
 
     def __init__(

@@ -30,15 +30,28 @@ UNSUPPORTED_KWARGS = (
     "ub_bulk_wgrad",
     "ub_name",
     "symmetric_ar_type",
-    "delay_wgrad_compute",
     "save_original_input",
 )
+# TE's delay_wgrad_compute asks for the weight gradients in a later backward_dw() call, so a
+# pipeline schedule can overlap them with communication. te computes them in backward (the same
+# gradients, without the overlap) and says so once; backward_dw() then has nothing to do.
+DELAY_WGRAD = "delay_wgrad_compute"
 
 
 def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPORTED_KWARGS) -> None:
     """TE arguments te does not implement: unknown names are a TypeError, known ones set to a
-    true value a NotImplementedError naming them (False / None / 0 are TE's defaults)."""
+    true value a NotImplementedError naming them (False / None / 0 are TE's defaults);
+    ``delay_wgrad_compute`` is taken for every module (DELAY_WGRAD)."""
     for key, value in kwargs.items():
+        if key == DELAY_WGRAD:
+            if value:
+                info_once(
+                    DELAY_WGRAD,
+                    f"te.{owner}: delay_wgrad_compute=True: te computes weight gradients in the "
+                    "backward pass (the same gradients, without the overlap a delayed wgrad "
+                    "allows); backward_dw() has nothing left to do",
+                )
+            continue
         if key not in accepted:
             raise TypeError(f"{owner}: unexpected keyword argument {key!r}")
         if value:
@@ -183,6 +196,25 @@ class QuantizedModule(torch.nn.Module):
 
     def _state_device(self) -> torch.device:
         raise NotImplementedError
+
+    def need_backward_dw(self) -> bool:
+        """TE's: whether backward_dw() must run to finish the weight gradients. Never in te: they
+        are computed in the backward pass (see ``delay_wgrad_compute`` in docs/migrating.rst), so
+        frameworks keep their usual gradient hooks."""
+        return False
+
+    def backward_dw(self) -> None:
+        """TE's delayed weight-gradient step: nothing to do in te (need_backward_dw)."""
+
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook) -> None:
+        """TE's hooks for after backward_dw(). te computes weight gradients in backward and never
+        defers them, so a hook registered here would never run: refused, rather than a gradient
+        reduction silently skipped (register it on the parameter, as without delayed wgrad)."""
+        raise RuntimeError(
+            f"te.{type(self).__name__}.register_wgrad_accumulation_and_reduce_hooks: te computes weight "
+            "gradients in the backward pass (need_backward_dw() is False), so this hook would never "
+            "run; register it on the parameters' gradient accumulation as without delay_wgrad_compute"
+        )
 
     def adjust_amax_history_length(self, length: int, fwd: bool | None = None) -> None:
         """Changes the DelayedScaling history length (keeps the newest rows), as TE's."""
