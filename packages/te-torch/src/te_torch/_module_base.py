@@ -1,5 +1,6 @@
-"""What te's GEMM modules (Linear, LayerNormLinear, LayerNormMLP) share: argument checks, the
-TE-named weight/bias parameters, and the recipe state of their GEMMs (``QuantizedModule``).
+"""What te's GEMM modules (Linear, GroupedLinear, LayerNormLinear, LayerNormMLP) share: argument
+checks, the TE-named weight/bias parameters, and the recipe state of their GEMMs
+(``QuantizedModule``).
 
 ``_extra_state`` (``state_dict()``): a module with one GEMM saves that GEMM's dict
 (_gemm_state.EXTRA_KEYS, Linear's format); a module with several saves ``{gemm name: dict}``
