@@ -457,39 +457,3 @@ def test_mxfp8_and_row_split_biases_take_the_per_group_path():
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         y = row(x, [32, 32])
     assert type(y.grad_fn).__name__ != "GroupedStepFnBackward"
-
-
-@pytest.mark.parametrize(
-    "make_module, call",
-    [
-        (lambda **kw: te.Linear(64, 32, device="cpu", **kw), lambda m, x: m(x)),
-        (lambda **kw: te.LayerNormLinear(64, 32, device="cpu", **kw), lambda m, x: m(x)),
-        (lambda **kw: te.LayerNormMLP(64, 32, device="cpu", **kw), lambda m, x: m(x)),
-        (lambda **kw: te.GroupedLinear(2, 64, 32, device="cpu", **kw), lambda m, x: m(x, [16, 16])),
-    ],
-    ids=["Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear"],
-)
-def test_delay_wgrad_compute_is_taken_with_the_gradients_in_backward(make_module, call, caplog):
-    """TE's delay_wgrad_compute: te computes the weight gradients in backward (said once at
-    INFO), need_backward_dw() is False, backward_dw() changes nothing, and a hook meant for after
-    backward_dw is refused rather than never run."""
-    told.discard("delay_wgrad_compute")
-    torch.manual_seed(0)
-    plain = make_module()
-    with caplog.at_level(logging.INFO, logger="te"):
-        delayed = make_module(delay_wgrad_compute=True)
-    said = [r for r in caplog.records if "delay_wgrad_compute" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.INFO
-    delayed.load_state_dict(plain.state_dict())
-    x = torch.randn(32, 64)
-    grads = []
-    for m in (plain, delayed):
-        with te.autocast(recipe=recipe.Float8CurrentScaling()):
-            call(m, x).sum().backward()
-        assert m.need_backward_dw() is False
-        m.backward_dw()
-        grads.append([p.grad for p in m.parameters()])
-    for a, b in zip(*grads, strict=True):
-        assert a is not None and torch.equal(a, b)
-    with pytest.raises(RuntimeError, match="would never run"):
-        delayed.register_wgrad_accumulation_and_reduce_hooks(lambda: None)

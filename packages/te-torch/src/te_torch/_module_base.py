@@ -30,19 +30,23 @@ UNSUPPORTED_KWARGS = (
     "ub_bulk_dgrad",
     "ub_bulk_wgrad",
     "ub_name",
-    "symmetric_ar_type",
     "save_original_input",
 )
 # TE's delay_wgrad_compute asks for the weight gradients in a later backward_dw() call, so a
 # pipeline schedule can overlap them with communication. te computes them in backward (the same
 # gradients, without the overlap) and says so once; backward_dw() then has nothing to do.
 DELAY_WGRAD = "delay_wgrad_compute"
+# TE's symmetric_ar_type picks a symmetric-memory all-reduce for a row-parallel output; the sum is
+# the same with torch.distributed's all_reduce, which te runs (said once).
+SYMMETRIC_AR = "symmetric_ar_type"
+_SYMMETRIC_AR_TYPES = ("multimem_all_reduce", "two_shot", "one_shot")
 
 
 def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPORTED_KWARGS) -> None:
     """TE arguments te does not implement: unknown names are a TypeError, known ones set to a
     true value a NotImplementedError naming them (False / None / 0 are TE's defaults);
-    ``delay_wgrad_compute`` is taken for every module (DELAY_WGRAD)."""
+    ``delay_wgrad_compute`` and ``symmetric_ar_type`` are taken for every module (DELAY_WGRAD,
+    SYMMETRIC_AR)."""
     for key, value in kwargs.items():
         if key == DELAY_WGRAD:
             if value:
@@ -51,6 +55,19 @@ def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPOR
                     f"te.{owner}: delay_wgrad_compute=True: te computes weight gradients in the "
                     "backward pass (the same gradients, without the overlap a delayed wgrad "
                     "allows); backward_dw() has nothing left to do",
+                )
+            continue
+        if key == SYMMETRIC_AR:
+            if value is not None:
+                if value not in _SYMMETRIC_AR_TYPES:
+                    raise ValueError(
+                        f"{owner}: symmetric_ar_type: expected None or one of {_SYMMETRIC_AR_TYPES}, "
+                        f"got {value!r}"
+                    )
+                info_once(
+                    SYMMETRIC_AR,
+                    f"te.{owner}: symmetric_ar_type={value!r}: te all-reduces with "
+                    "torch.distributed.all_reduce (the same sum, without symmetric memory)",
                 )
             continue
         if key not in accepted:
