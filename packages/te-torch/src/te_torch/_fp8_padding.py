@@ -40,11 +40,11 @@ def _padded(splits: list[int], align: int) -> list[int]:
     return [-(-m // align) * align for m in splits]
 
 
-def _rows(owner: str, inp) -> tuple[torch.Tensor, int]:
+def _rows(owner: str, inp) -> torch.Tensor:
+    """``inp`` [..., hidden] as [rows, hidden]."""
     if not isinstance(inp, torch.Tensor) or inp.dim() < 1:
         raise TypeError(f"{owner}: inp: expected a torch.Tensor [..., hidden], got {inp!r}")
-    h = inp.shape[-1]
-    return inp.reshape(-1, h), h
+    return inp.reshape(-1, inp.shape[-1])
 
 
 class Fp8Padding(torch.nn.Module):
@@ -63,7 +63,7 @@ class Fp8Padding(torch.nn.Module):
 
     def forward(self, inp: torch.Tensor, m_splits) -> tuple[torch.Tensor, list[int]]:
         owner = "Fp8Padding"
-        x, h = _rows(owner, inp)
+        x = _rows(owner, inp)
         splits = check_m_splits(owner, m_splits, self.num_gemms, x.shape[0])
         align = _align(self.align_size)
         padded = _padded(splits, align)
@@ -73,7 +73,7 @@ class Fp8Padding(torch.nn.Module):
         for chunk, m, p in zip(torch.split(x, splits), splits, padded, strict=True):
             pieces.append(chunk)
             if p > m:
-                pieces.append(x.new_zeros(p - m, h))
+                pieces.append(x.new_zeros(p - m, x.shape[1]))
         return torch.cat(pieces), padded
 
 
@@ -92,7 +92,7 @@ class Fp8Unpadding(torch.nn.Module):
 
     def forward(self, inp: torch.Tensor, m_splits) -> torch.Tensor:
         owner = "Fp8Unpadding"
-        x, _ = _rows(owner, inp)
+        x = _rows(owner, inp)
         align = _align(self.align_size)
         splits = check_m_splits(owner, m_splits, self.num_gemms, None)
         padded = _padded(splits, align)

@@ -99,7 +99,8 @@ class _GroupCtx:
 
 def grouped_forward(ctx, x, splits, first, fuse: bool, cs, weights, biases) -> torch.Tensor:
     """Every group's fused step (_linear_step.forward) into its rows of one output [M, N]; with
-    ``ctx`` (GroupedStepFn's) each non-empty group's _GroupCtx goes to ``ctx.groups``."""
+    ``ctx`` (GroupedStepFn's) ``ctx.groups`` holds each non-empty group's _GroupCtx and each empty
+    group's parameter (shape, dtype)s, for its zero gradients."""
     out = torch.empty((x.shape[0], weights[0].shape[0]), dtype=x.dtype, device=x.device)
     need_dx = ctx is not None and ctx.needs_input_grad[0]
     groups = []
@@ -113,6 +114,8 @@ def grouped_forward(ctx, x, splits, first, fuse: bool, cs, weights, biases) -> t
                 g.needs_input_grad = (need_dx, w.requires_grad, b is not None and b.requires_grad)
                 need = g.needs_input_grad[:2]
             _linear_step.forward(g, x[r0 : r0 + m], w, b, c, first, fuse, need, out[r0 : r0 + m])
+        elif ctx is not None:
+            g = ((w.shape, w.dtype), None if b is None else (b.shape, b.dtype))
         groups.append(g)
         r0 += m
     if ctx is not None:
@@ -130,8 +133,6 @@ class GroupedStepFn(torch.autograd.Function):
         out = grouped_forward(ctx, x, splits, first, fuse, cs, params[:n], params[n:])
         ctx.splits, ctx.fuse = splits, fuse
         ctx.x_shape = x.shape
-        ctx.w_like = [(w.shape, w.dtype) for w in params[:n]]
-        ctx.b_like = [None if b is None else (b.shape, b.dtype) for b in params[n:]]
         return out
 
     @staticmethod
@@ -150,12 +151,11 @@ class GroupedStepFn(torch.autograd.Function):
                 rows = slice(r0, r0 + m)
                 _, dws[i], dbs[i], *_ = _linear_step.backward(g, dy[rows], None if dx is None else dx[rows])
             else:  # an empty product: zero gradients (main_grad left as it is)
+                w_like, b_like = g
                 if need[5 + i] and not ctx.fuse:
-                    shape, dtype = ctx.w_like[i]
-                    dws[i] = torch.zeros(shape, dtype=dtype, device=dy.device)
+                    dws[i] = torch.zeros(w_like[0], dtype=w_like[1], device=dy.device)
                 if need[5 + n + i]:
-                    shape, dtype = ctx.b_like[i]
-                    dbs[i] = torch.zeros(shape, dtype=dtype, device=dy.device)
+                    dbs[i] = torch.zeros(b_like[0], dtype=b_like[1], device=dy.device)
             r0 += m
         return (dx, None, None, None, None, *dws, *dbs)
 
