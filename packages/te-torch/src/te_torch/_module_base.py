@@ -76,6 +76,17 @@ def reject_kwargs(owner: str, kwargs: dict, accepted: tuple[str, ...] = UNSUPPOR
             raise NotImplementedError(f"{owner}: {key}={value!r} is not implemented in te yet")
 
 
+class DropsTeExtraState:
+    """A mixin for te modules without scaling state whose Transformer Engine counterparts write an
+    ``_extra_state`` entry (LayerNorm, RMSNorm, L2Normalization, DotProductAttention): a TE
+    checkpoint's entry is accepted and dropped on loading; te writes none."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # torch hands each module its own copy of the dict to change
+        state_dict.pop(prefix + "_extra_state", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 def norm_module_outputs(module, out, bias, ln_out):
     """A norm module's (LayerNormLinear's, LayerNormMLP's) forward return: ``out``, then ``bias``
     if ``return_bias``, then the norm output if ``return_layernorm_output`` (a tuple when more

@@ -20,7 +20,7 @@ import torch
 
 from te_torch._availability import default_device
 from te_torch._high_precision import norm
-from te_torch._module_base import FLOAT_DTYPES, check_eps, parameter
+from te_torch._module_base import FLOAT_DTYPES, DropsTeExtraState, check_eps, parameter
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -56,7 +56,7 @@ def _shape(owner: str, normalized_shape, hidden_size) -> tuple[int, ...]:
     return shape
 
 
-class _Norm(torch.nn.Module):
+class _Norm(DropsTeExtraState, torch.nn.Module):
     _rms = False
 
     def __init__(
