@@ -31,6 +31,11 @@ This slice provides TE's quantizers and quantized tensors:
 - ``init_scaling_state``: a model's DelayedScaling state made before its first step, in the
   recipe's layout;
 - ``LayerNorm``, ``RMSNorm``: TE's normalization modules over te's fused kernels;
+- ``DotProductAttention``: TE's attention core (its layouts, masks, windows, biases, grouped
+  heads and softmax variants) on torch's scaled_dot_product_attention, in high precision;
+  ``RotaryPositionEmbedding`` / ``apply_rotary_pos_emb``: rotary position embedding;
+  ``MultiheadAttention`` and ``TransformerLayer``: TE's attention block and Transformer layer
+  built from te's modules, with TE's submodule and parameter names;
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
 - ``functional``: the GEMMs of a Linear layer on torch and quantized tensors
@@ -55,6 +60,7 @@ from te_torch._availability import is_mxfp8_available as is_mxfp8_available
 from te_torch._availability import is_nvfp4_available as is_nvfp4_available
 from te_torch._blockwise_tensor import Float8BlockwiseQTensor as Float8BlockwiseQTensor
 from te_torch._checkpoint import checkpoint as checkpoint
+from te_torch._dot_product_attention import DotProductAttention as DotProductAttention
 from te_torch._float8_tensor import Float8Tensor as Float8Tensor
 from te_torch._fp8_padding import Fp8Padding as Fp8Padding
 from te_torch._fp8_padding import Fp8Unpadding as Fp8Unpadding
@@ -65,6 +71,7 @@ from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
 from te_torch._model_init import fp8_model_init as fp8_model_init
 from te_torch._model_init import quantized_model_init as quantized_model_init
+from te_torch._multihead_attention import MultiheadAttention as MultiheadAttention
 from te_torch._mx_quantizers import MXFP8Quantizer as MXFP8Quantizer
 from te_torch._mx_quantizers import NVFP4Quantizer as NVFP4Quantizer
 from te_torch._mx_tensor import MXFP8Tensor as MXFP8Tensor
@@ -77,7 +84,10 @@ from te_torch._quantizers import Float8CurrentScalingQuantizer as Float8CurrentS
 from te_torch._quantizers import Float8Quantizer as Float8Quantizer
 from te_torch._quantizers import Quantizer as Quantizer
 from te_torch._rng_tracker import CudaRNGStatesTracker as CudaRNGStatesTracker
+from te_torch._rope import RotaryPositionEmbedding as RotaryPositionEmbedding
+from te_torch._rope import apply_rotary_pos_emb as apply_rotary_pos_emb
 from te_torch._scaling_state import init_scaling_state as init_scaling_state
+from te_torch._transformer_layer import TransformerLayer as TransformerLayer
 from te_torch._version import __version__ as __version__
 
 __all__ = [
@@ -103,6 +113,11 @@ __all__ = [
     "LayerNormMLP",
     "LayerNorm",
     "RMSNorm",
+    "DotProductAttention",
+    "MultiheadAttention",
+    "TransformerLayer",
+    "RotaryPositionEmbedding",
+    "apply_rotary_pos_emb",
     "autocast",
     "fp8_autocast",
     "make_graphed_callables",
