@@ -28,9 +28,7 @@ counts 2 * tokens * params).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import statistics
 import subprocess
 import sys
 
@@ -38,7 +36,7 @@ import te_core._C as C
 import te_torch as te
 import torch
 import torch.nn.functional as F
-from _rounds import cuda_event_ms, interleaved, ratio
+from _variants import time_variants
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,
@@ -135,47 +133,17 @@ def main() -> int:
         def te_mlp(act=act):
             return te.LayerNormMLP(h, f, activation=act, params_dtype=torch.bfloat16, device="cuda")
 
-        variants = [("torch", lambda act=act: (TorchMLP(h, f, act), None))]
+        def build(module, rcp=None, x=x, dy=dy):
+            return make_step(module, x, dy, rcp, args.inference)
+
+        variants = [("torch", lambda act=act: build(TorchMLP(h, f, act)))]
         if not args.no_compile:
-            variants.append(("torch_compile", lambda act=act: (torch.compile(TorchMLP(h, f, act)), None)))
-        variants.append(("te_bf16", lambda mk=te_mlp: (mk(), None)))
-        variants += [(name, lambda mk=te_mlp, rcp=rcp: (mk(), rcp())) for name, rcp in RECIPES.items()]
-        steps, modules, rows = {}, [], {}
-        for name, build in variants:
-            rows[name] = {"activation": act, "variant": name, "tokens": t, "hidden": h, "ffn": f}
-            try:
-                module, rcp = build()
-            except Exception as e:  # noqa: BLE001 - report and go on to the next variant
-                rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                continue
-            modules.append(module)
-            steps[name] = make_step(module, x, dy, rcp, args.inference)
-        per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup, args.warmup_ms)
-        back_to_back = functools.partial(cuda_event_ms, steps=5)
-        per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup, args.warmup_ms)
-        for name, e in {**failed_b2b, **failed}.items():
-            rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        for name, row in rows.items():
-            results.append(row)
-            if "error" in row or not per.get(name):
-                print(f"{act:10s} {name:14s} failed: {row.get('error', 'no round completed')}", flush=True)
-                continue
-            ms = statistics.median(per[name])
-            row.update(ms=ms, ms_rounds=per[name], tflops=flops / ms / 1e9)
-            speedup = ratio(per, "torch", name)
-            if speedup is not None:
-                row["speedup_vs_torch"] = speedup
-            shown = f"{speedup:7.2f}x" if speedup is not None else "     n/a"
-            ms_b2b, speedup_b2b = statistics.median(per_b2b[name]), ratio(per_b2b, "torch", name)
-            row.update(ms_back_to_back=ms_b2b, ms_back_to_back_rounds=per_b2b[name])
-            if speedup_b2b is not None:
-                row["speedup_back_to_back"] = speedup_b2b
-            shown_b2b = f"{speedup_b2b:7.2f}x" if speedup_b2b is not None else "     n/a"
-            print(
-                f"{act:10s} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {shown} {ms_b2b:9.3f} {shown_b2b}",
-                flush=True,
-            )
-        del steps, modules, x, dy
+            variants.append(("torch_compile", lambda act=act: build(torch.compile(TorchMLP(h, f, act)))))
+        variants.append(("te_bf16", lambda mk=te_mlp: build(mk())))
+        variants += [(name, lambda mk=te_mlp, rcp=rcp: build(mk(), rcp())) for name, rcp in RECIPES.items()]
+        info = {"activation": act, "tokens": t, "hidden": h, "ffn": f}
+        results += time_variants(variants, info, flops, args, f"{act:10s}")
+        del x, dy
         torch.cuda.empty_cache()
     if args.json:
         meta = {

@@ -1,0 +1,55 @@
+"""One table of rows against the ``"torch"`` row, for the module benchmarks (mlp.py,
+transformer_layer.py): each row timed synced and back to back in interleaved rounds
+(_rounds.py), printed as it is known, and returned as dicts for --json."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Callable
+
+from _rounds import cuda_event_ms, interleaved, ratio
+
+
+def time_variants(
+    variants: list[tuple[str, Callable[[], Callable[[], object]]]],
+    info: dict,
+    flops: float,
+    args,
+    label: str,
+) -> list[dict]:
+    """``variants``: (name, build) pairs, build() making the row's step (a failing build is
+    reported as the row's error); ``info``: fields every row's dict gets; ``flops`` per step, for
+    TFLOP/s; ``args``: rounds, iters, warmup, warmup_ms; ``label`` starts each printed line."""
+    steps, rows = {}, {}
+    for name, build in variants:
+        rows[name] = {**info, "variant": name}
+        try:
+            steps[name] = build()
+        except Exception as e:  # noqa: BLE001 - report and go on to the next variant
+            rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    per, failed = interleaved(steps, cuda_event_ms, args.rounds, args.iters, args.warmup, args.warmup_ms)
+    back_to_back = functools.partial(cuda_event_ms, steps=5)
+    per_b2b, failed_b2b = interleaved(steps, back_to_back, args.rounds, 1, args.warmup, args.warmup_ms)
+    for name, e in {**failed_b2b, **failed}.items():
+        rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for name, row in rows.items():
+        if "error" in row or not per.get(name):
+            print(f"{label} {name:14s} failed: {row.get('error', 'no round completed')}", flush=True)
+            continue
+        ms = statistics.median(per[name])
+        row.update(ms=ms, ms_rounds=per[name], tflops=flops / ms / 1e9)
+        speedup = ratio(per, "torch", name)
+        if speedup is not None:
+            row["speedup_vs_torch"] = speedup
+        shown = f"{speedup:7.2f}x" if speedup is not None else "     n/a"
+        ms_b2b, speedup_b2b = statistics.median(per_b2b[name]), ratio(per_b2b, "torch", name)
+        row.update(ms_back_to_back=ms_b2b, ms_back_to_back_rounds=per_b2b[name])
+        if speedup_b2b is not None:
+            row["speedup_back_to_back"] = speedup_b2b
+        shown_b2b = f"{speedup_b2b:7.2f}x" if speedup_b2b is not None else "     n/a"
+        print(
+            f"{label} {name:14s} {ms:9.3f} {flops / ms / 1e9:8.1f} {shown} {ms_b2b:9.3f} {shown_b2b}",
+            flush=True,
+        )
+    return list(rows.values())
