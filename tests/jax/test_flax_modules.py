@@ -228,8 +228,10 @@ def test_errors():
         ValueError, match=r"kernel_axes: expected 2 logical axis names for kernel of shape \(64, 8\)"
     ):
         DenseGeneral(8, kernel_axes=("embed",)).init(jax.random.PRNGKey(0), x)
-    with pytest.raises(NotImplementedError, match="intermediate_dropout_rate=0.1 is not supported"):
-        LayerNormMLP(intermediate_dim=8, intermediate_dropout_rate=0.1).init(jax.random.PRNGKey(0), x)
+    with pytest.raises(
+        ValueError, match=r"LayerNormMLP.intermediate_dropout_rate: expected a float in \[0, 1\)"
+    ):
+        LayerNormMLP(intermediate_dim=8, intermediate_dropout_rate=1.0).init(jax.random.PRNGKey(0), x)
     with pytest.raises(ValueError, match="axis: expected -1"):
         LayerNormDenseGeneral(8, axis=(-2, -1)).init(jax.random.PRNGKey(0), x)
     with pytest.raises(

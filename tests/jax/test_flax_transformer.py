@@ -385,8 +385,8 @@ def test_layer_on_a_mesh_matches_one_device():
 @pytest.mark.parametrize(
     "model,call,error,message",
     [
-        (TransformerLayer(64, 128, 4), {}, NotImplementedError,
-         r"TransformerLayer: intermediate_dropout=0.1 \(TE's default 0.1\) with deterministic=False is not supported"),
+        (TransformerLayer(64, 128, 4, intermediate_dropout=1.0), {}, ValueError,
+         r"TransformerLayer.intermediate_dropout: expected a float in \[0, 1\), got 1.0"),
         (TransformerLayer(64, 128, 5), {"deterministic": True}, ValueError,
          "TransformerLayer.num_attention_heads: expected an int >= 1 dividing hidden_size=64, got 5"),
         (TransformerLayer(64, 128, 4, layer_type=DEC), {"deterministic": True}, ValueError,

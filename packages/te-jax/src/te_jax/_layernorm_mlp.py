@@ -14,6 +14,16 @@ call each (GELU_AUX / DGELU with an FP8 output, te/gemm.h: the same bytes as the
 kernel where the backend fuses them). Kept for the backward: x, mu, rsigma, gamma, pre, the
 column-wise copies of ln_out and act, and the row-wise copies of both kernels.
 
+Intermediate dropout (TE Flax's intermediate_dropout_rate > 0, not deterministic): act =
+drop(act(pre)), drop(a) = a / keep where the mask keeps a, else 0 (flax.linen.Dropout's). The
+mask must sit between the activation and fc2's quantization (dropped values set no amax or
+scale), so te's activation then writes high precision, the mask is applied and the result
+quantized ("fc2_x"); the backward multiplies d act by the same mask / keep before the
+activation's backward (no gelu inside the GEMMs then). The mask is drawn outside the
+shard_map over the global [..., F], so a mesh changes no number, and kept as a bool residual
+(F bytes a token, beside pre's A x F x 2-4): regenerating it in the backward would repeat the
+global draw. Rate 0 or deterministic: none of this runs, the path above is unchanged.
+
 Sharding, Megatron-style: x's rows split (data parallel); F split over the tensor-parallel axes
 named by kernel_1_spec's last entry (fc1 column-parallel, fc2 row-parallel: y psum-reduced);
 H, A never split.
@@ -23,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +42,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from te_jax import _delayed, _op_common, _sharding, _token_pad
-from te_jax._activation import activation_kind
+from te_jax._activation import act_fwd, activation_kind
 from te_jax._linear import (
     LinearAxes,
     Roles,
@@ -47,7 +59,7 @@ from te_jax._linear import (
 )
 from te_jax._norm import _check as _check_norm
 from te_jax._norm import _Config as NormConfig
-from te_jax._quantizer import Plan, plan_for
+from te_jax._quantizer import Plan, plan_for, quantize_operand
 from te_jax._sharding import Layout, entry_axes
 
 FC1 = Roles("fc1_x", "fc1_kernel", "fc1_grad")
@@ -87,6 +99,10 @@ class _Static:
     b1_dtype: np.dtype | None
     b2_dtype: np.dtype | None
     return_ln: bool
+    # the intermediate's spec ([..., F]: x's rows, F split as kernel_1's) and dropout's keep
+    # probability (None: no dropout)
+    mid_spec: P | None = None
+    keep: float | None = None
     # False: the primal (no jax.grad), an inference forward: no column-wise copies, no padding
     # under per-tensor scaling (_token_pad)
     train: bool = True
@@ -116,6 +132,9 @@ def layernorm_mlp(
     input_spec: P | None = None,
     kernel_1_spec: P | None = None,
     rng=None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    dropout_broadcast_dims=(),
 ):
     """TE Flax's LayerNormMLP as a function: x [..., H] -> (y [..., H] in x's dtype, ln_out or
     None).
@@ -130,6 +149,11 @@ def layernorm_mlp(
         input_spec, rng: as in te_jax.dense; the norm arguments as in te_jax.layernorm.
       kernel_1_spec: kernel_1's PartitionSpec: only its F entry (the last) may name mesh axes
         (tensor parallel); kernel_2 is split alike on F, bias_1 on F.
+      dropout_rate: TE Flax's intermediate dropout on act(pre) [..., F] before fc2, in [0, 1):
+        each element kept with probability 1 - rate and scaled by 1 / (1 - rate), the mask
+        flax.linen.Dropout(rate, broadcast_dims) draws from ``dropout_rng`` (a jax.random
+        key, needed when rate > 0); 0 (the default): no dropout.
+      dropout_broadcast_dims: dims of [..., F] sharing one draw (flax's broadcast_dims).
     """
     plan = plan_for(recipe)
     kind = activation_kind(activations, "activations")
@@ -165,6 +189,7 @@ def layernorm_mlp(
     roles = roles_of(plan)
     state = _op_common.check_state(plan, recipe_state, roles)
     rng = _op_common.check_rng(plan, rng)
+    keep, mask = _dropout_mask(dropout_rate, dropout_rng, dropout_broadcast_dims, x.shape[:-1] + (f,))
 
     if input_spec is None:
         input_spec = _sharding.default_input_spec(x.ndim)
@@ -218,8 +243,40 @@ def layernorm_mlp(
         b1_dtype=_op_common.dtype_of(bias_1),
         b2_dtype=_op_common.dtype_of(bias_2),
         return_ln=return_layernorm_output,
+        mid_spec=P(*xs[:-1], k1s[2]),
+        keep=keep,
     )
-    return _layernorm_mlp(st, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, rng)
+    return _layernorm_mlp(st, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, rng, mask)
+
+
+def _dropout_mask(rate, key, dims, shape):
+    """(keep probability or None, the bool mask [..., F] or None): flax.linen.Dropout's draw,
+    bernoulli(key, 1 - rate) over ``shape`` with ``dims`` of size 1, then broadcast."""
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout_rate: expected a float in [0, 1), got {rate!r}")
+    ndim = len(shape)
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or not all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) and -ndim <= d < ndim for d in dims
+    ):  # fmt: skip
+        raise ValueError(
+            f"dropout_broadcast_dims: expected a tuple of dims of the intermediate {tuple(shape)} "
+            f"(one draw shared along each), got {dims!r}"
+        )
+    if rate == 0.0:
+        return None, None
+    if key is None:
+        raise ValueError(f"dropout_rng: expected a jax.random key for dropout_rate={rate!r}, got None")
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"dropout_rng: expected a jax.random key, got {type(key).__name__}")
+    keep = 1.0 - float(rate)
+    shared = {int(d) % ndim for d in dims}
+    drawn = tuple(1 if d in shared else n for d, n in enumerate(shape))
+    return keep, jnp.broadcast_to(jax.random.bernoulli(key, keep, drawn), shape)
+
+
+def _drop(a, mask, keep: float):
+    """flax.linen.Dropout's output: a / keep where the mask keeps it, else 0 (a's dtype)."""
+    return jnp.where(mask, a / keep, jnp.zeros_like(a))
 
 
 def _rngs(rng):
@@ -228,7 +285,7 @@ def _rngs(rng):
     return jax.random.fold_in(rng, 1), jax.random.fold_in(rng, 2)
 
 
-def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
+def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng, mask):
     plan = st.plan
     ax1 = LinearAxes(rows=st.rows, n=st.tp)
     ax2 = LinearAxes(rows=st.rows, k=st.tp)
@@ -250,15 +307,29 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
     )
     b1 = None if b1 is None else jnp.reshape(b1, (width,))
     k1 = jnp.reshape(k1, (st.h, width))
-    if gelu_in_gemm(plan.x, st.kind):
+    if mask is not None:  # the padded rows (copies of the last token, sliced off) dropped
+        mask = jnp.reshape(mask, (-1, st.f_local))
+        mask = jnp.pad(mask, ((0, x2.shape[0] - m), (0, 0)))
+    if mask is None and gelu_in_gemm(plan.x, st.kind):
         actq, pre, res1, amaxes = linear_gelu_fwd(
             plan, FC1, ax1, lnq, k1, b1, scales, FC2.x, st.rows + st.tp, st.x_dtype, rng1, st.train
         )
     else:
         pre, res1, amaxes = linear_fwd(plan, FC1, ax1, lnq, k1, b1, scales, st.x_dtype, rng1, st.train)
-        actq, a2 = act_quantize(
-            pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2, train=st.train
-        )
+        if mask is None:
+            actq, a2 = act_quantize(
+                pre, st.kind, plan.x, st.rows + st.tp, scale=scales.get(FC2.x), rng=rng2, train=st.train
+            )
+        else:  # the activation in high precision, dropped, then quantized for fc2
+            actq, a2 = quantize_operand(
+                _drop(act_fwd(pre, st.kind), mask, st.keep),
+                plan.x,
+                rowwise=True,
+                columnwise=st.train,
+                reduce_axes=st.rows + st.tp,
+                scale=scales.get(FC2.x),
+                rng=rng2,
+            )
         if a2 is not None:
             amaxes[FC2.x] = a2
     y, res2, amaxes2 = linear_fwd(plan, FC2, ax2, actq, k2, b2, scales, st.x_dtype, rng2, st.train)
@@ -266,7 +337,7 @@ def _fwd_local(st: _Static, x, gamma, beta, k1, b1, k2, b2, scales, rng):
     if a1 is not None:
         amaxes[FC1.x] = a1
     ln_out = None if ln_out is None else jnp.reshape(ln_out[:m], x.shape)
-    res = (x2, mu, rsigma, gamma, pre, res1, res2)
+    res = (x2, mu, rsigma, gamma, pre, res1, res2, mask)
     return (jnp.reshape(y[:m], lead + (st.h,)), ln_out), st.layout.pack(res), amaxes
 
 
@@ -275,17 +346,19 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
     ax1 = LinearAxes(rows=st.rows, n=st.tp)
     ax2 = LinearAxes(rows=st.rows, k=st.tp)
     rng1, rng2 = _rngs(rng)
-    x2, mu, rsigma, gamma, pre, res1, res2 = st.layout.unpack(res)
+    x2, mu, rsigma, gamma, pre, res1, res2, mask = st.layout.unpack(res)
     lead = dy.shape[:-1]
     dy2, m = _token_pad.pad_zeros(plan, jnp.reshape(dy, (-1, st.h)).astype(st.x_dtype))
     dyq, db2, amaxes = quantize_grad(plan, FC2, ax2, dy2, st.b2_dtype is not None, scales, rng2)
     has_b1 = st.b1_dtype is not None
-    if gelu_in_gemm(plan.grad, st.kind):
+    if mask is None and gelu_in_gemm(plan.grad, st.kind):
         dpreq, db1, amaxes1, dk2 = linear_dgelu_bwd(
             plan, FC1.grad, ax2, res2, dyq, pre, has_b1, st.rows + st.tp, scales, st.k2_dtype
         )
     else:
         dact, dk2 = linear_bwd(plan, ax2, res2, dyq, st.x_dtype, st.k2_dtype)
+        if mask is not None:  # the forward's mask: d act(pre) = d act * mask / keep
+            dact = _drop(dact, mask, st.keep)
         dpreq, db1, amaxes1 = act_grad_quantize(
             plan, FC1, dact, pre, st.kind, has_b1, st.rows + st.tp, scales, rng1
         )
@@ -312,18 +385,19 @@ def _bwd_local(st: _Static, res, dy, dln, scales, rng):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _layernorm_mlp(st, x, gamma, beta, k1, b1, k2, b2, state, rng):
+def _layernorm_mlp(st, x, gamma, beta, k1, b1, k2, b2, state, rng, mask):
     st = dataclasses.replace(st, train=False)
-    return _layernorm_mlp_fwd(st, x, gamma, beta, k1, b1, k2, b2, state, rng)[0]
+    return _layernorm_mlp_fwd(st, x, gamma, beta, k1, b1, k2, b2, state, rng, mask)[0]
 
 
-def _layernorm_mlp_fwd(st, x, gamma, beta, k1, b1, k2, b2, state, rng):
+def _layernorm_mlp_fwd(st, x, gamma, beta, k1, b1, k2, b2, state, rng, mask):
     lay = st.layout
     scales = _delayed.scales(state, roles_of(st.plan))
+    mid = st.mid_spec
     out, res, amaxes = lay.run(
         functools.partial(_fwd_local, st),
-        (x, gamma, beta, k1, b1, k2, b2, scales, rng),
-        in_specs=(st.x_spec, P(None), P(None), st.k1_spec, st.b1_spec, st.k2_spec, P(None), P(), P()),
+        (x, gamma, beta, k1, b1, k2, b2, scales, rng, mask),
+        in_specs=(st.x_spec, P(None), P(None), st.k1_spec, st.b1_spec, st.k2_spec, P(None), P(), P(), mid),
         out_specs=((st.x_spec, st.x_spec), lay.residual_spec, P()),
     )
     return out, (res, state, amaxes, rng)
@@ -342,7 +416,7 @@ def _layernorm_mlp_bwd(st, saved, cotangents):
     )
     *grads, amaxes = grads
     new_state = None if state is None else _delayed.update(state, {**fwd_amaxes, **amaxes}, roles, st.plan)
-    return (*grads, new_state, None)
+    return (*grads, new_state, None, None)
 
 
 _layernorm_mlp.defvjp(_layernorm_mlp_fwd, _layernorm_mlp_bwd)

@@ -1,13 +1,16 @@
 """te_jax.flax.LayerNormMLP: TE Flax's LayerNormMLP over te_jax.layernorm_mlp (norm, fc1,
-activation, fc2 in one custom_vjp, each quantization fused into the kernel before it)."""
+activation, intermediate dropout, fc2 in one custom_vjp, each quantization fused into the kernel
+before it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from te_jax import _layernorm_mlp, _sharding
 from te_jax._activation import activation_kind
@@ -36,8 +39,13 @@ class LayerNormMLP(nn.Module):
         bias_axes_2 (("embed",)) for ``wo_bias`` [H].
       return_layernorm_output (False).
       activations: TE's tuple, e.g. ("gelu",), ("gelu", "linear"), ("silu", "linear").
-      intermediate_dropout_rate (0.0; other values are not supported yet),
-        intermediate_dropout_rng_name, intermediate_hidden_dropout_dims: TE's.
+      intermediate_dropout_rate (0.0; in [0, 1)): dropout on the activations' output [..., F]
+        before fc2, as TE's flax.linen.Dropout there: each element kept with probability
+        1 - rate and scaled by 1 / (1 - rate), the mask drawn from
+        ``make_rng(intermediate_dropout_rng_name)`` ('dropout'), one draw shared along the
+        dims in intermediate_hidden_dropout_dims (()); off with ``deterministic=True``. It runs
+        inside the fused op (the activation's output masked, then quantized for fc2), so the
+        parameters and the fp8_metas state are the same with and without it.
       axis (-1), dtype (the parameters'), layernorm_input_axes (x's logical axes; None: the
         batch dim over MeshResource), dot_1_input_axes / dot_2_input_axes (accepted; the fused op
         keeps its intermediates where it made them), transpose_batch_sequence.
@@ -80,10 +88,10 @@ class LayerNormMLP(nn.Module):
         _not_supported(
             self,
             enable_low_rank_adaptation=self.enable_low_rank_adaptation,
-            intermediate_dropout_rate=self.intermediate_dropout_rate,
             enable_layernorm=not self.enable_layernorm,
         )
         x = jnp.asarray(inputs)
+        rate, dims = self._dropout(x.ndim)
         if _common.canonical_axes(self.axis, x.ndim) != (x.ndim - 1,):
             raise ValueError(
                 f"axis: expected -1 (the normalized dim is the contracted one), got {self.axis!r}"
@@ -127,6 +135,9 @@ class LayerNormMLP(nn.Module):
         k1_entries = _common.entries_of(_common.to_spec(self.kernel_axes_1, 3, "kernel_axes_1"), 3)
         k1_entries = _common.gathered(k1_entries, _common.entries_of(x_spec, x.ndim))
         k1_spec = _sharding.P(*k1_entries) if any(e is not None for e in k1_entries) else None
+        if deterministic:  # flax.linen.Dropout's: no mask, no key drawn
+            rate = 0.0
+        drop_rng = self.make_rng(self.intermediate_dropout_rng_name) if rate > 0.0 else None
         return _layernorm_mlp.layernorm_mlp(
             x,
             scale,
@@ -145,4 +156,26 @@ class LayerNormMLP(nn.Module):
             input_spec=x_spec,
             kernel_1_spec=k1_spec,
             rng=_common.sr_rng(self, plan),
+            dropout_rate=rate,
+            dropout_rng=drop_rng,
+            dropout_broadcast_dims=dims,
         )
+
+    def _dropout(self, ndim: int) -> tuple[float, tuple[int, ...]]:
+        """intermediate_dropout_rate and intermediate_hidden_dropout_dims, checked (also when
+        deterministic, so a bad value fails at init)."""
+        rate = self.intermediate_dropout_rate
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
+            raise ValueError(
+                f"LayerNormMLP.intermediate_dropout_rate: expected a float in [0, 1), got {rate!r}"
+            )
+        dims = self.intermediate_hidden_dropout_dims
+        if isinstance(dims, str) or not isinstance(dims, Sequence) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and -ndim <= d < ndim for d in dims
+        ):  # fmt: skip
+            raise ValueError(
+                f"LayerNormMLP.intermediate_hidden_dropout_dims: expected a tuple of dims of the "
+                f"[..., intermediate_dim] activations ({ndim} dims; one draw shared along each), "
+                f"got {dims!r}"
+            )
+        return float(rate), tuple(int(d) for d in dims)

@@ -8,7 +8,7 @@ transpose_batch_sequence):
     y = a + drop(mlp(LN(a)))                  (DECODER only: the cross attention)
     y = LN(y) with output_layernorm (then the self attention has no input norm)
 drop = hidden dropout, then drop_path (stochastic depth: one draw per sample) after the self
-attention and the MLP.
+attention and the MLP; inside the MLP, intermediate dropout on the activations before FC2.
 """
 
 from __future__ import annotations
@@ -112,12 +112,12 @@ class TransformerLayer(nn.Module):
     num_attention_heads (8; head_dim = hidden_size / num_attention_heads), num_gqa_groups
     (None), layernorm_type ('layernorm' | 'rmsnorm'), layernorm_epsilon (1e-6),
     zero_centered_gamma (False), hidden_dropout (0.1) and hidden_dropout_dims (()),
-    attention_dropout (0.1), intermediate_dropout (0.1: TE's default; te_jax's LayerNormMLP
-    has no intermediate dropout yet, so a call with deterministic=False and a rate > 0 raises
-    NotImplementedError — set intermediate_dropout=0.0), intermediate_dropout_dims (()),
-    dropout_rng_name ('dropout'), mha_kernel_init (None: variance_scaling(1.0, 'fan_in',
-    'normal')), mlp_kernel_init (None: variance_scaling(1.0, 'fan_in', 'truncated_normal')),
-    mlp_activations (('relu',)), mlp_activation_params (None only), use_bias (False),
+    attention_dropout (0.1), intermediate_dropout (0.1: the MLP's dropout on its activations'
+    output before FC2, LayerNormMLP's intermediate_dropout_rate) and intermediate_dropout_dims
+    (()), dropout_rng_name ('dropout': the stream of every dropout here), mha_kernel_init
+    (None: variance_scaling(1.0, 'fan_in', 'normal')), mlp_kernel_init (None:
+    variance_scaling(1.0, 'fan_in', 'truncated_normal')), mlp_activations (('relu',)),
+    mlp_activation_params (None only), use_bias (False),
     bias_init (zeros), apply_residual_connection_post_layernorm (False), output_layernorm
     (False), float32_attention_logits (False), layer_type (TransformerLayerType.ENCODER),
     self_attn_mask_type ('causal'), self_attn_bias_type (None), enable_relative_embedding
@@ -221,12 +221,6 @@ class TransformerLayer(nn.Module):
         hidden_rate = _check_rate(self, "hidden_dropout", self.hidden_dropout)
         drop_path = _check_rate(self, "drop_path", self.drop_path)
         mlp_rate = _check_rate(self, "intermediate_dropout", self.intermediate_dropout)
-        if mlp_rate > 0.0 and not deterministic:
-            raise NotImplementedError(
-                f"TransformerLayer: intermediate_dropout={self.intermediate_dropout!r} (TE's default "
-                "0.1) with deterministic=False is not supported by te_jax yet (LayerNormMLP has no "
-                "dropout after FC1); set intermediate_dropout=0.0, or call with deterministic=True"
-            )
         x = _common_input(inputs, hidden)
         in_dtype = x.dtype
         hidden_dims = _check_dims(self, "hidden_dropout_dims", self.hidden_dropout_dims, 3)
@@ -327,7 +321,7 @@ class TransformerLayer(nn.Module):
             return_layernorm_output=self.apply_residual_connection_post_layernorm,
             activations=tuple(self.mlp_activations),
             intermediate_dropout_rng_name=self.dropout_rng_name,
-            intermediate_dropout_rate=0.0,  # only reached deterministic or at rate 0 (checked above)
+            intermediate_dropout_rate=mlp_rate,
             intermediate_hidden_dropout_dims=mlp_dims,
             kernel_init=self.mlp_kernel_init,
             use_bias=self.use_bias,
