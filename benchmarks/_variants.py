@@ -1,11 +1,13 @@
 """One table of rows against the ``"torch"`` row, for the module benchmarks (mlp.py,
 transformer_layer.py): each row timed synced and back to back in interleaved rounds
-(_rounds.py), printed as it is known, and returned as dicts for --json."""
+(_rounds.py), printed as it is known, and returned as dicts for --json (write_json)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import statistics
+import subprocess
 from collections.abc import Callable
 
 from _rounds import cuda_event_ms, interleaved, ratio
@@ -53,3 +55,30 @@ def time_variants(
             flush=True,
         )
     return list(rows.values())
+
+
+def commit() -> str | None:
+    """The checkout's HEAD, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_json(path: str, args, results: list[dict], **meta) -> None:
+    """{"meta": the GPU, torch, commit, the timing arguments and ``meta``; "results": the rows}."""
+    import torch  # here: the table above needs no torch of its own
+
+    head = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "commit": commit(),
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "warmup_ms": args.warmup_ms,
+        "rounds": args.rounds,
+        **meta,
+    }
+    with open(path, "w") as fh:
+        json.dump({"meta": head, "results": results}, fh, indent=1)

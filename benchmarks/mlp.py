@@ -28,15 +28,13 @@ counts 2 * tokens * params).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 
 import te_core._C as C
 import te_torch as te
 import torch
 import torch.nn.functional as F
-from _variants import time_variants
+from _variants import time_variants, write_json
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,
@@ -82,14 +80,6 @@ def make_step(module, x, dy, recipe=None, inference=False):
         x.grad = None
 
     return step
-
-
-def commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main() -> int:
@@ -146,18 +136,7 @@ def main() -> int:
         del x, dy
         torch.cuda.empty_cache()
     if args.json:
-        meta = {
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "commit": commit(),
-            "iters": args.iters,
-            "warmup": args.warmup,
-            "warmup_ms": args.warmup_ms,
-            "rounds": args.rounds,
-            "inference": args.inference,
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": results}, fh, indent=1)
+        write_json(args.json, args, results, inference=args.inference)
     return 0
 
 

@@ -24,15 +24,14 @@ forward, times 3 for forward and backward). --json PATH writes every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import te_core._C as C
 import te_torch as te
 import torch
 import torch.nn.functional as F
-from _variants import time_variants
-from mlp import commit, make_step
+from _variants import time_variants, write_json
+from mlp import make_step
 
 RECIPES = {
     "te_delayed": te.recipe.DelayedScaling,
@@ -121,17 +120,7 @@ def main() -> int:
     info = {"seq": s, "batch": b, "hidden": h, "ffn": f, "heads": heads}
     results = time_variants(variants, info, flops, args, "    ")
     if args.json:
-        meta = {
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "commit": commit(),
-            "iters": args.iters,
-            "warmup": args.warmup,
-            "warmup_ms": args.warmup_ms,
-            "rounds": args.rounds,
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": results}, fh, indent=1)
+        write_json(args.json, args, results)
     return 0
 
 

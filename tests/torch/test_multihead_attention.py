@@ -273,11 +273,11 @@ def check_grads(m, P, tol=TOL):
     assert not bad, f"gradient errors over {tol}: {bad}"
 
 
-def compare(m, cfg, x, dy, fmt=None, enc=None, keep=None, rope=None, fwd=None, tol=TOL):
-    """Forward and backward of m (x, dy, enc: [b, s, hidden]) against mha_ref, output with the
-    projection bias added."""
+def compare_with(reference, m, fmt, x, dy, enc=None, rope=None, fwd=None, tol=TOL):
+    """Forward and backward of m (x, dy, enc: [b, s, hidden], run laid out as ``fmt``) against
+    ``reference(P, x64, e64)`` (the fp64 output, [b, s, hidden]): output, input gradients and
+    every parameter's gradient."""
     fwd = dict(fwd or {})
-    fmt = fmt or cfg.get("qkv_format", "sbhd")
     xt = to_fmt(x, fmt).requires_grad_(True)
     et = None
     if enc is not None:
@@ -289,8 +289,7 @@ def compare(m, cfg, x, dy, fmt=None, enc=None, keep=None, rope=None, fwd=None, t
     P = ref_params(m)
     x64 = x.double().requires_grad_(True)
     e64 = None if enc is None else enc.double().requires_grad_(True)
-    out, bias, _ = mha_ref(P, cfg, x64, e64, keep, rope)
-    want = out if bias is None else out + bias
+    want = reference(P, x64, e64)
     (want * dy.double()).sum().backward()
     err = rel(from_fmt(y.detach(), fmt), want.detach())
     assert err < tol, f"output rel error {err:.2e}"
@@ -299,6 +298,16 @@ def compare(m, cfg, x, dy, fmt=None, enc=None, keep=None, rope=None, fwd=None, t
         assert rel(from_fmt(et.grad, fmt), e64.grad) < tol
     check_grads(m, P, tol)
     return y
+
+
+def compare(m, cfg, x, dy, fmt=None, enc=None, keep=None, rope=None, fwd=None, tol=TOL):
+    """compare_with mha_ref, the output with the projection bias added."""
+
+    def reference(P, x64, e64):
+        out, bias, _ = mha_ref(P, cfg, x64, e64, keep, rope)
+        return out if bias is None else out + bias
+
+    return compare_with(reference, m, fmt or cfg.get("qkv_format", "sbhd"), x, dy, enc, rope, fwd, tol)
 
 
 # ----------------------------------------------------------------------------- self attention

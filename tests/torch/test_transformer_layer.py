@@ -23,6 +23,7 @@ from te_torch import recipe
 from test_multihead_attention import (
     causal_keep,
     check_grads,
+    compare_with,
     data,
     from_fmt,
     mha_ref,
@@ -147,28 +148,10 @@ def make_tl(seed=0, **cfg):
 
 
 def compare_tl(m, cfg, x, dy, enc=None, keep=None, enc_keep=None, rope=None, fwd=None, tol=TOL):
-    fmt = cfg.get("attn_input_format", "sbhd")
-    fwd = dict(fwd or {})
-    xt = to_fmt(x, fmt).requires_grad_(True)
-    et = None
-    if enc is not None:
-        et = to_fmt(enc, fmt).requires_grad_(True)
-        fwd["encoder_output"] = et
-    y = m(xt, rotary_pos_emb=rope, **fwd)
-    assert isinstance(y, torch.Tensor) and y.shape == xt.shape and y.dtype == torch.float32
-    (y * to_fmt(dy, fmt)).sum().backward()
-    P = ref_params(m)
-    x64 = x.double().requires_grad_(True)
-    e64 = None if enc is None else enc.double().requires_grad_(True)
-    want = tl_ref(P, cfg, x64, e64, keep, enc_keep, rope)
-    (want * dy.double()).sum().backward()
-    err = rel(from_fmt(y.detach(), fmt), want.detach())
-    assert err < tol, f"output rel error {err:.2e}"
-    assert rel(from_fmt(xt.grad, fmt), x64.grad) < tol
-    if enc is not None:
-        assert rel(from_fmt(et.grad, fmt), e64.grad) < tol
-    check_grads(m, P, tol)
-    return y
+    def reference(P, x64, e64):
+        return tl_ref(P, cfg, x64, e64, keep, enc_keep, rope)
+
+    return compare_with(reference, m, cfg.get("attn_input_format", "sbhd"), x, dy, enc, rope, fwd, tol)
 
 
 VARIANTS = {

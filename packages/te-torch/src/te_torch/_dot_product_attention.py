@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from te_torch import _attention_mask as masks
 from te_torch._autocast import get_fp8_recipe
 from te_torch._availability import default_device
+from te_torch._checkpoint import checkpoint
 from te_torch._info_once import info_once
 from te_torch._module_base import FLOAT_DTYPES, DropsTeExtraState, check_size
 
@@ -381,8 +382,6 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         args = (q, k, v, keep, add, sink, causal)
         if recompute:
-            from te_torch._checkpoint import checkpoint
-
             out = checkpoint(
                 self._attend,
                 *args,
@@ -509,13 +508,12 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         for arg, cu in (("cu_seqlens_q_padded", cu_q_pad), ("cu_seqlens_kv_padded", cu_kv_pad)):
             if cu is not None:
                 masks.check_cu_seqlens(owner, arg, cu, b)
-        qp, valid_q, idx_q = _pack(q, cu_q, cu_q_pad, max_q)
-        kp, valid_kv, _ = _pack(k, cu_kv, cu_kv_pad, max_kv)
-        vp, _, _ = _pack(v, cu_kv, cu_kv_pad, max_kv)
+        (qp,), valid_q, bounds_q = _pack((q,), cu_q, cu_q_pad, max_q)
+        (kp, vp), valid_kv, _ = _pack((k, v), cu_kv, cu_kv_pad, max_kv)
         out, max_logit = self._core(
             owner, qp, kp, vp, kind, (valid_q, valid_kv), None, win, br, recompute, bias_type, bias, slopes
         )
-        out = _unpack(out, idx_q, q.shape[0])
+        out = _unpack(out, bounds_q, q.shape[0])
         return (out, max_logit) if self.return_max_logit else out
 
 
@@ -527,36 +525,37 @@ def _group_size(group) -> int:
     return torch.distributed.get_world_size(group) if torch.distributed.is_initialized() else 1
 
 
-def _pack(x: torch.Tensor, cu: torch.Tensor, cu_pad: torch.Tensor | None, max_len: int | None):
-    """Packed [t, h, d] -> ([b, h, s, d] padded with zeros, valid [b, s], (seq, pos, inside) of
-    every packed token for _unpack)."""
-    t = x.shape[0]
+def _pack(xs, cu: torch.Tensor, cu_pad: torch.Tensor | None, max_len: int | None):
+    """One side's packed [t, h, d] tensors (q, or k and v) -> (each as [b, h, s, d], zeros past
+    its sequence's end; valid [b, s]; (starts, lens, s), the bounds _unpack reads)."""
+    x0 = xs[0]
+    t = x0.shape[0]
     if cu.device.type == "cpu" and max_len is not None and int((cu[1:] - cu[:-1]).max()) > max_len:
         raise ValueError(
             f"DotProductAttention: max_seqlen_q / max_seqlen_kv: {max_len} is shorter than the longest "
             f"sequence, {int((cu[1:] - cu[:-1]).max())} tokens"
         )
-    cu = cu.to(x.device).long()
-    starts = (cu if cu_pad is None else cu_pad.to(x.device).long())[:-1]
+    cu = cu.to(x0.device).long()
+    starts = (cu if cu_pad is None else cu_pad.to(x0.device).long())[:-1]
     lens = cu[1:] - cu[:-1]
     if max_len is None:
         max_len = int(lens.max()) if lens.numel() else 0
     s = max(int(max_len), 1)
-    pos = torch.arange(s, device=x.device)
+    pos = torch.arange(s, device=x0.device)
     valid = pos[None, :] < lens[:, None]  # [b, s]
     tok = (starts[:, None] + pos[None, :]).clamp(0, max(t - 1, 0))
-    padded = torch.where(valid[:, :, None, None], x[tok], x.new_zeros(()))  # [b, s, h, d]
+    padded = [torch.where(valid[:, :, None, None], x[tok], x.new_zeros(())).permute(0, 2, 1, 3) for x in xs]
+    return padded, valid, (starts, lens, s)
+
+
+def _unpack(out: torch.Tensor, bounds, t: int) -> torch.Tensor:
+    """[b, h, s, d_v] -> packed [t, h * d_v], zeros for tokens outside every sequence."""
+    starts, lens, s = bounds
     # Where each packed token sits in the padded batch (tokens outside every sequence: nowhere).
-    tok_ids = torch.arange(t, device=x.device)
+    tok_ids = torch.arange(t, device=out.device)
     seq = (torch.searchsorted(starts.contiguous(), tok_ids, right=True) - 1).clamp(min=0)
     at = tok_ids - starts[seq]
     inside = (at >= 0) & (at < lens[seq])
-    return padded.permute(0, 2, 1, 3), valid, (seq, at.clamp(0, s - 1), inside)
-
-
-def _unpack(out: torch.Tensor, idx, t: int) -> torch.Tensor:
-    """[b, h, s, d_v] -> packed [t, h * d_v], zeros for tokens outside every sequence."""
-    seq, at, inside = idx
-    rows = out.permute(0, 2, 1, 3)[seq, at]  # [t, h, d_v]
+    rows = out.permute(0, 2, 1, 3)[seq, at.clamp(0, s - 1)]  # [t, h, d_v]
     rows = torch.where(inside[:, None, None], rows, rows.new_zeros(()))
     return rows.reshape(t, -1)
