@@ -493,7 +493,8 @@ def test_importing_te_jax_does_not_import_torch():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == (
-        "ok ['MeshResource', 'ScaledTensor', '__version__', 'activation', 'autocast', 'dense', 'fp8_autocast', "
+        "ok ['MeshResource', 'ScaledTensor', '__version__', 'activation', 'attention', 'autocast', 'dense', "
+        "'fp8_autocast', "
         "'gemm', 'get_autocast_state', 'init_recipe_state', 'layernorm', 'layernorm_dense', 'layernorm_mlp', "
         "'quantize', 'recipe', 'update_collections']"
     )
@@ -505,6 +506,7 @@ def test_public_surface():
     assert set(te_jax.__all__) == {
         "__version__",
         "recipe",
+        "attention",
         "quantize",
         "gemm",
         "ScaledTensor",

@@ -1,5 +1,6 @@
 """te for JAX: FP8 quantization, GEMMs and fused Transformer layers over te-core's XLA FFI
-handlers, with Flax modules in ``te_jax.flax``.
+handlers, with Flax modules in ``te_jax.flax`` and TE's attention names (``SequenceDescriptor``,
+the option enums) in ``te_jax.attention``.
 
 The public API is what this file re-exports; every other module is private. Importing te_jax
 registers te-core's FFI targets with jax once (te_jax._ffi) and imports neither torch nor flax.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from te_core import recipe as recipe
 
 from te_jax import _ffi  # noqa: F401  (registers the FFI targets)
+from te_jax import attention as attention
 from te_jax._activation import activation as activation
 from te_jax._autocast import MeshResource as MeshResource
 from te_jax._autocast import autocast as autocast
@@ -40,6 +42,7 @@ def __getattr__(name: str):
 __all__ = [
     "__version__",
     "recipe",
+    "attention",
     "autocast",
     "fp8_autocast",
     "get_autocast_state",

@@ -12,7 +12,8 @@ to it (``te_jax.update_collections``). Needs flax (``pip install te-jax[flax]``)
 projections and MLP are quantized like the modules above, while the attention core (QK^T,
 mask, softmax, dropout, PV) runs in plain jax.numpy in high precision, as TE-JAX's unfused path.
 ``AttnMaskType``, ``AttnBiasType``, ``QKVLayout`` and ``AttnSoftmaxType`` hold TE's option
-values; the modules take a member or its string.
+values; the modules take a member or its string. Packed sequences (the THD layouts) are
+described by ``te_jax.attention.SequenceDescriptor``.
 """
 
 from __future__ import annotations

@@ -7,15 +7,18 @@ with ``fp8_dpa`` / ``fp8_mha`` says so once at INFO). The projections around it 
 LayerNormDenseGeneral and DenseGeneral, so their GEMMs are quantized inside te_jax.autocast.
 
 Layouts (b batch, s sequence, h heads, g KV heads (GQA groups), d head dim):
-    bs3hd           query [b, s, 3, h, d] packs q, k, v; key = value = None
-    bshd_bs2hd      query [b, s_q, h, d]; key [b, s_kv, 2, g, d] packs k, v; value = None
-    bshd_bshd_bshd  query [b, s_q, h, d]; key [b, s_kv, g, d]; value [b, s_kv, g, d_v]
-With ``transpose_batch_sequence=True`` b and s swap places in every input and in the output.
+    bs3hd, t3hd                     query [b, s, 3, h, d] packs q, k, v; key = value = None
+    bshd_bs2hd, thd_t2hd            query [b, s_q, h, d]; key [b, s_kv, 2, g, d] packs k, v;
+                                    value = None
+    bshd_bshd_bshd, thd_thd_thd     query [b, s_q, h, d]; key [b, s_kv, g, d];
+                                    value [b, s_kv, g, d_v]
+The THD layouts (TE-JAX's) pack several sequences per batch row, described by a
+te_jax.attention.SequenceDescriptor; the BSHD ones hold one per row. With
+``transpose_batch_sequence=True`` b and s swap places in every input and in the output.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import numbers
@@ -27,6 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from te_jax._attention import BIASES as _BIASES
+from te_jax._attention import LAYOUTS as _LAYOUTS
+from te_jax._attention import MASKS as _MASKS
+from te_jax._attention import SOFTMAXES as _SOFTMAXES
+from te_jax._attention import AttnBiasType as AttnBiasType
+from te_jax._attention import AttnMaskType as AttnMaskType
+from te_jax._attention import AttnSoftmaxType as AttnSoftmaxType
+from te_jax._attention import QKVLayout as QKVLayout
+from te_jax._attention import SequenceDescriptor, build_mask
+from te_jax._attention import array as _array
+from te_jax._attention import canonical as _canonical
+from te_jax._attention import check_shape as _check_shape
 from te_jax.flax import _common
 from te_jax.flax._layers import DenseGeneral, LayerNormDenseGeneral, _not_supported
 
@@ -34,60 +49,8 @@ Initializer = Callable[..., Any]
 _F32 = jnp.float32
 
 
-class AttnMaskType(str, enum.Enum):
-    """TE's attention mask types; modules take the member or its string value."""
-
-    NO_MASK = "no_mask"
-    PADDING_MASK = "padding"
-    CAUSAL_MASK = "causal"
-    PADDING_CAUSAL_MASK = "padding_causal"
-
-
-class AttnBiasType(str, enum.Enum):
-    """TE's bias types: softmax(scale * qk), softmax(scale * (qk + bias)), softmax(scale * qk + bias)."""
-
-    NO_BIAS = "no_bias"
-    PRE_SCALE_BIAS = "pre_scale_bias"
-    POST_SCALE_BIAS = "post_scale_bias"
-
-
-class QKVLayout(str, enum.Enum):
-    """TE's q/k/v layouts (the THD ones are not supported yet)."""
-
-    BS3HD = "bs3hd"
-    BSHD_BS2HD = "bshd_bs2hd"
-    BSHD_BSHD_BSHD = "bshd_bshd_bshd"
-    T3HD = "t3hd"
-    THD_T2HD = "thd_t2hd"
-    THD_THD_THD = "thd_thd_thd"
-
-
-class AttnSoftmaxType(str, enum.Enum):
-    """vanilla: exp(s_i) / sum_j exp(s_j); off_by_one: exp(s_i) / (1 + sum_j exp(s_j));
-    learnable: exp(s_i) / (exp(a_h) + sum_j exp(s_j)), a_h a learned logit per head."""
-
-    VANILLA_SOFTMAX = "vanilla"
-    OFF_BY_ONE_SOFTMAX = "off_by_one"
-    LEARNABLE_SOFTMAX = "learnable"
-
-
-_MASKS = {"no_mask": "no_mask", "padding": "padding", "causal": "causal"}
-_MASKS |= {"padding_causal": "padding_causal", "causal_padding": "padding_causal"}
-_BIASES = {m.value: m.value for m in AttnBiasType}
-_LAYOUTS = {m.value: m.value for m in QKVLayout}
-_SOFTMAXES = {"vanilla": "vanilla", "off_by_one": "off_by_one", "off-by-one": "off_by_one"}
-_SOFTMAXES |= {"learnable": "learnable"}
 _CP_STRATEGIES = ("DEFAULT", "ALL_GATHER", "ALLGATHER", "RING")
 _told_fp8_attention = False
-
-
-def _canonical(value, table: dict, name: str) -> str:
-    """A TE enum member or string (any case) as the table's canonical string."""
-    raw = value.value if isinstance(value, enum.Enum) else value
-    key = raw.lower() if isinstance(raw, str) else None
-    if key not in table:
-        raise ValueError(f"{name}: expected one of {sorted(table)}, got {value!r}")
-    return table[key]
 
 
 def _say_fp8_attention_once(recipe) -> None:
@@ -152,21 +115,30 @@ def check_attention_args(module) -> tuple[float, tuple[int, int] | None, str, st
     )
 
 
-def _array(x, name: str):
-    if not isinstance(x, (jax.Array, np.ndarray)):
-        raise TypeError(f"{name}: expected a jax array, got {type(x).__name__}")
-    return jnp.asarray(x)
+_PADDING_TYPES = ("padding", "padding_causal", "padding_causal_bottom_right")
 
 
-def _check_shape(x, want: tuple, name: str, what: str, allow_one: bool = False, shown=None) -> None:
-    """x's shape must be ``want`` (None entries: any size; ``allow_one``: any dim may be 1);
-    the error shows ``what`` then ``shown`` (default: ``want``)."""
-    ok = x.ndim == len(want) and all(
-        w is None or d == w or (allow_one and d == 1) for d, w in zip(x.shape, want, strict=True)
-    )
-    if not ok:
-        shown = tuple("*" if w is None else w for w in (want if shown is None else shown))
-        raise ValueError(f"{name}: expected {what} {shown}, got shape {tuple(x.shape)}")
+def check_thd_mask_type(name: str, mask_type: str, thd: str) -> None:
+    """TE's THD layouts take the padding mask types only (the segments are the padding)."""
+    if mask_type not in _PADDING_TYPES:
+        raise ValueError(
+            f"{name}: {thd} (packed sequences) takes a padding mask type, one of {_PADDING_TYPES} "
+            f"(as TE), got {mask_type!r}"
+        )
+
+
+def check_qkv_format(module, mask_attr: str) -> bool:
+    """Whether MultiHeadAttention / TransformerLayer run THD (qkv_format 'thd'), after checking
+    qkv_format and, for THD, the (self) attention's mask type, the attribute ``mask_attr``."""
+    owner = type(module).__name__
+    fmt = module.qkv_format
+    if not (isinstance(fmt, str) and fmt.lower() in ("bshd", "thd")):
+        raise ValueError(f"{owner}.qkv_format: expected 'bshd' or 'thd', got {fmt!r}")
+    thd = fmt.lower() == "thd"
+    if thd:
+        mask_type = _canonical(getattr(module, mask_attr), _MASKS, f"{owner}.{mask_attr}")
+        check_thd_mask_type(f"{owner}.{mask_attr}", mask_type, "qkv_format='thd'")
+    return thd
 
 
 def _masked_softmax(logits, masked, offset):
@@ -197,35 +169,48 @@ class DotProductAttention(nn.Module):
       attention_dropout: dropout rate on the softmax probabilities (0.0), drawn from the flax
         rng stream ``dropout_rng_name`` ('dropout') when ``deterministic`` is False.
       attn_mask_type: 'no_mask' | 'padding' | 'causal' (default) | 'padding_causal' (also
-        'causal_padding'). Causal masks are top-left aligned: query i sees keys j <= i.
-        ``mask`` is ignored for 'no_mask' and 'causal' and required for the padding types.
+        'causal_padding') | 'causal_bottom_right' | 'padding_causal_bottom_right' (and TE's
+        other spellings). Causal masks are top-left aligned, query i sees keys j <= i, or
+        bottom-right aligned, j <= i + s_kv - s_q, with s_q and s_kv the real (unpadded) lengths
+        of the row (BSHD) or of the segment (THD). The padding types need ``mask`` or
+        ``sequence_descriptor``; 'no_mask' and the non-padding causal types ignore them. THD
+        layouts take the padding types only (TE's rule).
       attn_bias_type: None (default: 'post_scale_bias' when a bias is passed, else 'no_bias'),
         'no_bias', 'pre_scale_bias' (softmax(scale * (qk + bias))) or 'post_scale_bias'
         (softmax(scale * qk + bias)).
       float32_logits: compute q k^T in fp32 (False: in the inputs' dtype, as TE's unfused
         path). Masking, bias and softmax always run in fp32; the probabilities are cast to the
         inputs' dtype for the PV product (a no-op for fp32 inputs).
-      qkv_layout: 'bs3hd' | 'bshd_bs2hd' | 'bshd_bshd_bshd' (default); see the module
-        docstring. 't3hd' / 'thd_t2hd' / 'thd_thd_thd' raise NotImplementedError.
+      qkv_layout: 'bs3hd' | 'bshd_bs2hd' | 'bshd_bshd_bshd' (default) | 't3hd' | 'thd_t2hd' |
+        'thd_thd_thd'; see the module docstring.
       scale_factor: the logits' scale (None: 1 / sqrt(head_dim)).
-      transpose_batch_sequence: None / False: [b, s, ...] inputs; True: [s, b, ...].
-      window_size: None or (left, right): query i sees keys in [i - left, i + right], a
-        negative side unbounded; applied with every mask type.
+      transpose_batch_sequence: None / False: [b, s, ...] inputs; True: [s, b, ...] (a
+        SequenceDescriptor stays [b, ...]).
+      window_size: None or (left, right): query i sees keys in [i - left, i + right] (shifted
+        like the causal diagonal with the bottom-right types; positions within the segment under
+        THD), a negative side unbounded; applied with every mask type.
       softmax_type: 'vanilla' (default) | 'off_by_one' (also 'off-by-one') | 'learnable'
         (parameter ``softmax_offset`` [h], initialised to 0, i.e. off-by-one at init).
       dtype: the parameters' dtype (float32).
-      max_segments_per_seq, context_parallel_strategy ('DEFAULT' | 'ALL_GATHER' | 'RING'):
-        accepted for TE compatibility (THD and context parallelism are not supported yet:
-        context_parallel_axis, context_parallel_causal_load_balanced, score_mod and
-        score_mod_bprop raise NotImplementedError when set), context_checkpoint_name unused.
+      max_segments_per_seq: None or an int >= 1 (1), TE's bound on the segments per row for its
+        cuDNN kernel; te's masks take any number of segments, so it is checked and not needed.
+      context_parallel_strategy ('DEFAULT' | 'ALL_GATHER' | 'RING'): accepted for TE
+        compatibility (context parallelism is not supported yet: context_parallel_axis,
+        context_parallel_causal_load_balanced, score_mod and score_mod_bprop raise
+        NotImplementedError when set), context_checkpoint_name unused.
 
     ``__call__(query, key, value, sequence_descriptor=None, bias=None, *, deterministic=False,
-    mask=None)``: ``mask`` is boolean (or integer, nonzero = True), True means masked OUT,
-    shape [b, 1, s_q, s_kv] (any dim may be 1; the head dim may also be h). An array passed as
-    ``sequence_descriptor`` is that mask (TE's newer spelling); a SequenceDescriptor object
-    (segment ids, THD) raises NotImplementedError. ``bias`` is [b, h, s_q, s_kv] (any dim may
-    be 1). Returns [b, s_q, h, d_v] in the query's dtype. A query whose keys are all masked
-    gets zeros.
+    mask=None)``: ``sequence_descriptor`` is a te_jax.attention.SequenceDescriptor or a mask;
+    ``mask`` (TE's older spelling; pass one of the two) is boolean (or integer, nonzero = True),
+    True means masked OUT, shape [b, 1, s_q, s_kv] (any dim may be 1; the head dim may also be
+    h), BSHD layouts only. Under BSHD a descriptor marks padding (from_seqlens: the first
+    seqlens tokens of each row are real; from_segment_ids_and_pos: the tokens with id != 0).
+    THD layouts need a descriptor from from_segment_ids_and_pos or from_seqlens_and_offsets,
+    [b, s_q] / [b, s_kv] like the inputs: a token attends to the tokens of its own segment only,
+    and padding tokens (id 0, or outside every segment) output zeros. ``bias`` is
+    [b, h, s_q, s_kv] (any dim may be 1; under THD it indexes the packed rows' tokens). Returns
+    [b, s_q, h, d_v] in the query's dtype. A query that sees no key gets zeros (and zero
+    gradients), never NaN.
     """
 
     head_dim: int
@@ -293,11 +278,8 @@ class DotProductAttention(nn.Module):
                 f"DotProductAttention.max_segments_per_seq: expected an int >= 1, got "
                 f"{self.max_segments_per_seq!r}"
             )
-        if layout.startswith("t"):
-            raise NotImplementedError(
-                f"DotProductAttention: qkv_layout={layout!r} (THD, packed sequences) is not "
-                "supported by te_jax yet; use a BSHD layout with a padding mask"
-            )
+        if QKVLayout(layout).is_thd():
+            check_thd_mask_type("DotProductAttention.attn_mask_type", mask_type, f"qkv_layout={layout!r}")
         if self.scale_factor is not None and (
             isinstance(self.scale_factor, bool) or not isinstance(self.scale_factor, numbers.Real)
         ):
@@ -309,18 +291,14 @@ class DotProductAttention(nn.Module):
         recipe, _ = _common.active_plan()
         _say_fp8_attention_once(recipe)
 
-        if sequence_descriptor is not None:
-            if mask is not None:
-                raise ValueError(
-                    "DotProductAttention: pass the mask as mask or as sequence_descriptor, not both"
-                )
-            if not isinstance(sequence_descriptor, (jax.Array, np.ndarray)):
-                raise NotImplementedError(
-                    f"DotProductAttention: sequence_descriptor of type {type(sequence_descriptor).__name__} "
-                    "(segment ids / sequence lengths) is not supported by te_jax yet; pass a boolean "
-                    "mask [b, 1, s_q, s_kv] (True = masked out)"
-                )
-            mask = sequence_descriptor
+        if sequence_descriptor is not None and mask is not None:
+            raise ValueError("DotProductAttention: pass the mask as mask or as sequence_descriptor, not both")
+        seq = mask if sequence_descriptor is None else sequence_descriptor
+        if seq is not None and not isinstance(seq, (SequenceDescriptor, jax.Array, np.ndarray)):
+            raise TypeError(
+                "sequence_descriptor: expected a te_jax.attention.SequenceDescriptor or a boolean mask "
+                f"[b, 1, s_q, s_kv], got {type(seq).__name__}"
+            )
 
         q, k, v = self._split(query, key, value, layout, h, g, d)
         if self.transpose_batch_sequence:
@@ -336,7 +314,7 @@ class DotProductAttention(nn.Module):
         if bias is not None:
             bias = _array(bias, "bias")
             _check_shape(bias, (b, h, sq, skv), "bias", "a shape broadcastable to [b, h, s_q, s_kv] =", True)
-        masked = self._mask(mask, mask_type, window, b, h, sq, skv)
+        masked = build_mask(seq, layout=layout, mask_type=mask_type, window=window, b=b, h=h, sq=sq, skv=skv)
 
         offset = None
         if softmax == "learnable":
@@ -374,25 +352,25 @@ class DotProductAttention(nn.Module):
         (still in the inputs' batch/sequence order)."""
         sb = "[s, b, " if self.transpose_batch_sequence else "[b, s, "
         query = _array(query, "query")
-        if layout == "bs3hd":
+        if QKVLayout(layout).is_qkvpacked():
             for name, t in (("key", key), ("value", value)):
                 if t is not None:
                     raise ValueError(
-                        f"{name}: qkv_layout='bs3hd' packs q, k and v in query; expected {name}=None"
+                        f"{name}: qkv_layout={layout!r} packs q, k and v in query; expected {name}=None"
                     )
             if g != h:
                 raise ValueError(
-                    f"DotProductAttention.num_gqa_groups: qkv_layout='bs3hd' packs as many k/v heads "
+                    f"DotProductAttention.num_gqa_groups: qkv_layout={layout!r} packs as many k/v heads "
                     f"as q heads; expected None or {h}, got {g}"
                 )
-            _check_shape(query, (None, None, 3, h, d), "query", f"qkv_layout='bs3hd': {sb}3, h, d] =")
+            _check_shape(query, (None, None, 3, h, d), "query", f"qkv_layout={layout!r}: {sb}3, h, d] =")
             q, k, v = (query[:, :, i] for i in range(3))
-        elif layout == "bshd_bs2hd":
+        elif QKVLayout(layout).is_kvpacked():
             if value is not None:
-                raise ValueError("value: qkv_layout='bshd_bs2hd' packs k and v in key; expected value=None")
+                raise ValueError(f"value: qkv_layout={layout!r} packs k and v in key; expected value=None")
             _check_shape(query, (None, None, h, d), "query", f"{sb}h, d] =")
             key = _array(key, "key")
-            _check_shape(key, (None, None, 2, g, d), "key", f"qkv_layout='bshd_bs2hd': {sb}2, g, d] =")
+            _check_shape(key, (None, None, 2, g, d), "key", f"qkv_layout={layout!r}: {sb}2, g, d] =")
             q, k, v = query, key[:, :, 0], key[:, :, 1]
         else:
             _check_shape(query, (None, None, h, d), "query", f"{sb}h, d] =")
@@ -414,39 +392,6 @@ class DotProductAttention(nn.Module):
             want = "bias=None" if kind == "no_bias" else "a bias array"
             raise ValueError(f"bias: attn_bias_type={kind!r} expects {want}, got {type(bias).__name__}")
         return kind
-
-    def _mask(self, mask, mask_type, window, b, h, sq, skv):
-        """The boolean mask (True = masked out) broadcastable to [b, h, s_q, s_kv], or None."""
-        masked = None
-        if mask_type in ("padding", "padding_causal"):
-            if mask is None:
-                raise ValueError(
-                    f"mask: attn_mask_type={mask_type!r} needs a mask [b, 1, s_q, s_kv] = "
-                    f"[{b}, 1, {sq}, {skv}] (True = masked out); pass an all-False one when nothing "
-                    "is padded, or use attn_mask_type='no_mask' / 'causal'"
-                )
-            mask = _array(mask, "mask")
-            if not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
-                raise TypeError(f"mask: expected a boolean (or integer) array, got dtype {mask.dtype}")
-            _check_shape(
-                mask, (b, h, sq, skv), "mask", "a shape broadcastable to [b, 1, s_q, s_kv] =", True,
-                shown=(b, 1, sq, skv),
-            )  # fmt: skip
-            masked = mask.astype(jnp.bool_)
-        qpos = jnp.arange(sq)[:, None]
-        kpos = jnp.arange(skv)[None, :]
-        extra = None
-        if mask_type in ("causal", "padding_causal"):
-            extra = kpos > qpos
-        if window is not None:
-            left, right = window
-            if left >= 0:
-                extra = (kpos < qpos - left) if extra is None else extra | (kpos < qpos - left)
-            if right >= 0:
-                extra = (kpos > qpos + right) if extra is None else extra | (kpos > qpos + right)
-        if extra is not None:
-            masked = extra[None, None] if masked is None else masked | extra[None, None]
-        return masked
 
 
 def _rotary(x, windows, seq_dim: int, group_method: str):
@@ -534,7 +479,12 @@ class MultiHeadAttention(nn.Module):
     scale_attn_logits (False: logits are not scaled, the query kernel's init is divided by
     sqrt(head_dim) instead when scaled_query_init; True: DotProductAttention scales by
     1 / sqrt(head_dim)), scaled_query_init (True), float32_logits (False), window_size (None),
-    softmax_type ('vanilla').
+    softmax_type ('vanilla'). te adds ``qkv_format``: 'bshd' (default; TE's MultiHeadAttention)
+    or 'thd': the rows of inputs_q / inputs_kv pack several sequences each, DotProductAttention
+    runs 'thd_thd_thd' (the parameters do not change) and ``mask`` must be a SequenceDescriptor
+    for them (see DotProductAttention); attn_mask_type must then be a padding type. Rotary
+    embeddings rotate by the token's index in the row, which within a (contiguous) segment
+    gives the segment's own relative rotations, so q k^T is the segment's.
 
     Parameters (TE's submodule names; N = heads * head_dim, G = num_gqa_groups * head_dim, H
     the input's hidden size): self attention (``inputs_q is inputs_kv``) without GQA and with
@@ -546,8 +496,9 @@ class MultiHeadAttention(nn.Module):
     softmax_offset`` [heads].
 
     ``__call__(inputs_q, inputs_kv, mask=None, bias=None, *, decode=False, deterministic=False)``:
-    mask and bias as DotProductAttention's; decode=True (the KV cache) raises
-    NotImplementedError.
+    mask (a boolean mask or a te_jax.attention.SequenceDescriptor, passed on as
+    DotProductAttention's ``sequence_descriptor``, as TE does) and bias as DotProductAttention's;
+    decode=True (the KV cache) raises NotImplementedError.
     """
 
     head_dim: int
@@ -582,6 +533,7 @@ class MultiHeadAttention(nn.Module):
     softmax_type: str = "vanilla"
     score_mod: Callable | None = None
     score_mod_bprop: Callable | None = None
+    qkv_format: str = "bshd"
 
     @nn.compact
     def __call__(
@@ -589,6 +541,7 @@ class MultiHeadAttention(nn.Module):
     ):
         _not_supported(self, decode=decode)
         check_lora_scope(self, self.low_rank_adaptation_scope)
+        thd = check_qkv_format(self, "attn_mask_type")
         is_self = inputs_q is inputs_kv
         xq = _array(inputs_q, "inputs_q")
         xkv = xq if is_self else _array(inputs_kv, "inputs_kv")
@@ -706,7 +659,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             dropout_rng_name=self.dropout_rng_name,
             float32_logits=self.float32_logits,
-            qkv_layout="bshd_bshd_bshd",
+            qkv_layout="thd_thd_thd" if thd else "bshd_bshd_bshd",
             scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
             transpose_batch_sequence=self.transpose_batch_sequence,
             window_size=self.window_size,

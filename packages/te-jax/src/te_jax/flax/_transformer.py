@@ -22,7 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_jax.flax import _common
-from te_jax.flax._attention import MultiHeadAttention, _check_heads, _check_rate, check_lora_scope
+from te_jax.flax._attention import (
+    MultiHeadAttention,
+    _check_heads,
+    _check_rate,
+    check_lora_scope,
+    check_qkv_format,
+)
 from te_jax.flax._layers import LayerNorm, _not_supported
 from te_jax.flax._mlp import LayerNormMLP
 
@@ -127,7 +133,9 @@ class TransformerLayer(nn.Module):
     rotary_pos_emb_group_method ('consecutive'), low_rank_adaptation_scope ('none'), dtype
     (the parameters'), drop_path (0.0), fuse_qkv_params (True), transpose_batch_sequence
     (False), enable_sequence_parallel (accepted, unused), scale_attn_logits (False),
-    scaled_query_init (True), window_size (None), softmax_type ('vanilla').
+    scaled_query_init (True), window_size (None), softmax_type ('vanilla'). te adds
+    ``qkv_format`` ('bshd' default, or 'thd': packed sequences, MultiHeadAttention's; the self
+    attention's mask type must then be a padding type, and the masks SequenceDescriptors).
 
     Submodules (TE's names): ``attention`` (ENCODER) or ``self_attention`` (DECODER) and
     ``encoder_decoder_attention`` (DECODER: attn_mask_type 'padding', no bias), MultiHeadAttention;
@@ -135,8 +143,11 @@ class TransformerLayer(nn.Module):
 
     ``__call__(inputs, encoded=None, attention_mask=None, encoder_decoder_mask=None,
     deterministic=False, decode=False, max_decode_length=None)``: masks are boolean, True =
-    masked out, [b, 1, s, s] and [b, 1, s, s_enc]; DECODER needs ``encoded`` [b, s_enc, hidden]
-    and ``encoder_decoder_mask``. decode=True (the KV cache) raises NotImplementedError.
+    masked out, [b, 1, s, s] and [b, 1, s, s_enc], or te_jax.attention.SequenceDescriptors
+    (passed on to the attentions as TE does); DECODER needs ``encoded`` [b, s_enc, hidden] and
+    ``encoder_decoder_mask``. decode=True (the KV cache) raises NotImplementedError. The T5
+    relative position biases index the row's tokens; within a (contiguous) packed segment those
+    distances are the segment's own.
     """
 
     hidden_size: int = 512
@@ -181,6 +192,7 @@ class TransformerLayer(nn.Module):
     scaled_query_init: bool = True
     window_size: tuple[int, int] | None = None
     softmax_type: str = "vanilla"
+    qkv_format: str = "bshd"
 
     @nn.compact
     def __call__(
@@ -200,6 +212,7 @@ class TransformerLayer(nn.Module):
                 "has no parameterized activations such as ('clamped_silu', 'clamped_linear'))"
             )
         check_lora_scope(self, self.low_rank_adaptation_scope)
+        check_qkv_format(self, "self_attn_mask_type")
         if not isinstance(self.layer_type, TransformerLayerType):
             raise ValueError(
                 f"TransformerLayer.layer_type: expected TransformerLayerType.ENCODER or .DECODER, "
@@ -280,6 +293,7 @@ class TransformerLayer(nn.Module):
                 float32_logits=self.float32_attention_logits,
                 window_size=self.window_size,
                 softmax_type=self.softmax_type,
+                qkv_format=self.qkv_format,
                 **kw,
             )
 
