@@ -761,7 +761,7 @@ FORWARD_ERRORS = [
     ("cu_dtype", lambda m, q, k, v: m(q, k, v, attn_mask_type="padding", cu_seqlens_q=CU.float(), cu_seqlens_kv=CU), ValueError, r"cu_seqlens_q: expected an int32 tensor"),
     ("cu_shape", lambda m, q, k, v: m(q, k, v, attn_mask_type="padding", cu_seqlens_q=CU, cu_seqlens_kv=CU[:2]), ValueError, r"cu_seqlens_kv: expected an int32 tensor \[b \+ 1 = 3\]"),
     ("unknown_kwarg", lambda m, q, k, v: m(q, k, v, foo=1), TypeError, r"unexpected keyword argument 'foo'"),
-    ("inference_params", lambda m, q, k, v: m(q, k, v, inference_params=object()), NotImplementedError, r"inference_params=.* is not implemented"),
+    ("inference_params", lambda m, q, k, v: m(q, k, v, inference_params=object()), TypeError, r"inference_params: expected a te.InferenceParams, got object"),
     ("fp8_output", lambda m, q, k, v: m(q, k, v, fp8_output=True), NotImplementedError, r"fp8_output=True is not implemented"),
     ("qkv_layer", lambda m, q, k, v: m(q, k, v, qkv_layer=q), NotImplementedError, r"qkv_layer=torch\.float32 \([0-9, ]+\) is not implemented"),
     ("score_mod", lambda m, q, k, v: m(q, k, v, score_mod=lambda s: s), NotImplementedError, r"score_mod=.* is not implemented"),

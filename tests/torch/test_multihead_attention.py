@@ -821,7 +821,7 @@ def test_errors_name_the_argument():
         m(data(S, B, HID + 1))
     with pytest.raises(TypeError, match="hidden_states"):
         m(torch.ones(S, B, HID, dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match="inference_params"):
+    with pytest.raises(TypeError, match="inference_params: expected a te.InferenceParams, got object"):
         m(data(S, B, HID), inference_params=object())
     with pytest.raises(ValueError, match="encoder_output"):
         m(data(S, B, HID), encoder_output=data(S, B, HID))

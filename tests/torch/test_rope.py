@@ -271,7 +271,7 @@ def test_forward_errors():
         ("t_ndim", ValueError, r"t: expected a 4-d"),
         ("t_int", ValueError, r"t: expected a 4-d fp32/bf16/fp16"),
         ("thd_no_cu", ValueError, r"cu_seqlens: expected an int \[b \+ 1\] tensor"),
-        ("thd_start", ValueError, r"start_positions: not taken with tensor_format='thd'"),
+        ("thd_start", ValueError, r"start_positions: expected an int tensor \[b=1\] \(cu_seqlens' b\)"),
         ("start_shape", ValueError, r"start_positions: expected an int tensor \[b=2\]"),
         ("start_past_freqs", ValueError, r"start_positions: positions up to 10"),
         ("start_negative", ValueError, r"start_positions"),
@@ -296,7 +296,7 @@ def test_apply_errors(case, err, match):
             f,
             tensor_format="thd",
             cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
-            start_positions=torch.zeros(1),
+            start_positions=torch.zeros(2),
         ),
         "start_shape": lambda: te.apply_rotary_pos_emb(
             t, f, start_positions=torch.zeros(3, dtype=torch.long)

@@ -559,7 +559,7 @@ def test_errors_name_the_argument():
         m(data(S * B, HID))
     with pytest.raises(ValueError, match="hidden_states"):
         m(data(S, B, HID + 2))
-    with pytest.raises(NotImplementedError, match="inference_params"):
+    with pytest.raises(TypeError, match="inference_params: expected a te.InferenceParams, got object"):
         m(data(S, B, HID), inference_params=object())
     d, _ = make_tl(layer_type="decoder")
     with pytest.raises(ValueError, match="encoder_output"):

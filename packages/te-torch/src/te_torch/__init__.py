@@ -35,7 +35,8 @@ This slice provides TE's quantizers and quantized tensors:
   heads and softmax variants) on torch's scaled_dot_product_attention, in high precision;
   ``RotaryPositionEmbedding`` / ``apply_rotary_pos_emb``: rotary position embedding;
   ``MultiheadAttention`` and ``TransformerLayer``: TE's attention block and Transformer layer
-  built from te's modules, with TE's submodule and parameter names;
+  built from te's modules, with TE's submodule and parameter names; ``InferenceParams``: TE's
+  KV cache for generation (non-paged or paged; ``KVCacheManager`` the base of a custom one);
 - ``is_fp8_available``, ``is_fp8_block_scaling_available``, ``is_mxfp8_available``,
   ``is_nvfp4_available``, ``get_default_recipe``;
 - ``functional``: the GEMMs of a Linear layer on torch and quantized tensors
@@ -66,6 +67,8 @@ from te_torch._fp8_padding import Fp8Padding as Fp8Padding
 from te_torch._fp8_padding import Fp8Unpadding as Fp8Unpadding
 from te_torch._graphs import make_graphed_callables as make_graphed_callables
 from te_torch._grouped_linear import GroupedLinear as GroupedLinear
+from te_torch._inference import InferenceParams as InferenceParams
+from te_torch._inference import KVCacheManager as KVCacheManager
 from te_torch._layernorm_linear import LayerNormLinear as LayerNormLinear
 from te_torch._layernorm_mlp import LayerNormMLP as LayerNormMLP
 from te_torch._linear import Linear as Linear
@@ -114,6 +117,8 @@ __all__ = [
     "LayerNorm",
     "RMSNorm",
     "DotProductAttention",
+    "InferenceParams",
+    "KVCacheManager",
     "MultiheadAttention",
     "TransformerLayer",
     "RotaryPositionEmbedding",

@@ -24,6 +24,7 @@ from te_torch import _attention_mask as masks
 from te_torch._autocast import get_fp8_recipe
 from te_torch._availability import default_device
 from te_torch._checkpoint import checkpoint
+from te_torch._inference import InferenceParams
 from te_torch._info_once import info_once
 from te_torch._module_base import FLOAT_DTYPES, DropsTeExtraState, check_size
 
@@ -35,7 +36,6 @@ SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 _GQA_KWARG = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 # TE forward arguments te takes at their defaults only; anything else names itself.
 _FORWARD_DEFAULTS = {
-    "inference_params": None,
     "fp8_output": False,
     "score_mod": None,
     "score_mod_bprop": None,
@@ -207,6 +207,7 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         core_attention_bias_type: str = "no_bias",
         core_attention_bias: torch.Tensor | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        inference_params=None,
         **kwargs,
     ):
         """Attention of ``query_layer`` over ``key_layer`` / ``value_layer``.
@@ -233,6 +234,15 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
             core_attention_bias: the bias, broadcastable to [b, h, s_q, s_kv] (TE's [1, h, s_q,
                 s_kv], [b, 1, ...], ...); it gets a gradient if it requires one.
             alibi_slopes: [h] or [b, h] fp32 (default: ALiBi's geometric slopes).
+            inference_params: a te.InferenceParams KV cache (after its ``pre_step``): the new
+                keys and values go into the cache under this module's ``layer_number`` and the
+                queries attend over each sequence's whole history. The batch and its lengths
+                are the step's (``cu_seqlens_*`` and ``attention_mask`` are not read): bshd /
+                sbhd queries hold each sequence's new tokens first, thd ones are packed by the
+                step's lengths. Causal types align the diagonal bottom-right (a new token sees
+                its sequence up to itself), ``"no_mask"`` / ``"padding"`` see the whole
+                sequence; windows count back from each token. Not with ``"arbitrary"`` or a
+                pre-/post-scale bias (their key length changes every step).
 
         Returns:
             The attention output with merged heads ([s_q, b, h * d_v] / [b, s_q, h * d_v] /
@@ -270,6 +280,11 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 f"{owner}: core_attention_bias_type: expected one of {masks.BIAS_TYPES}, "
                 f"got {core_attention_bias_type!r}"
             )
+        if inference_params is not None:
+            return self._cached(
+                owner, q, k, v, fmt, kind, win, inference_params, attention_mask, checkpoint_core_attention,
+                core_attention_bias_type, core_attention_bias, alibi_slopes,
+            )  # fmt: skip
         if fmt == "thd":
             return self._thd(
                 owner, q, k, v, kind, win, br, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
@@ -460,8 +475,19 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         if g != h:
             if mask is None and _GQA_KWARG:
                 gqa = {"enable_gqa": True}
+            elif mask is not None and mask.dim() == 4 and mask.shape[1] == 1:
+                # torch's masked kernels take no grouped heads. With a mask alike for every head,
+                # each group's query heads become one longer query sequence over the group's
+                # keys, so the keys and values are not copied per head (a KV cache's whole
+                # history every decode step).
+                b, sq, per = q.shape[0], q.shape[2], h // g
+                mask = mask.expand(mask.shape[0], 1, sq, mask.shape[3])
+                mask = mask.unsqueeze(2).expand(-1, -1, per, -1, -1).reshape(mask.shape[0], 1, per * sq, -1)
+                out = self._sdpa(q.reshape(b, g, per * sq, q.shape[3]), k, v, mask, dropout, False, gqa)
+                out = out.view(b, h, sq, out.shape[3])
+                return out if seen is None else out * seen.to(out.dtype)
             else:
-                # torch's masked kernels take no grouped heads: the key/value heads are repeated.
+                # a per-head mask or bias: the key/value heads are repeated
                 k = k.repeat_interleave(h // g, dim=1)
                 v = v.repeat_interleave(h // g, dim=1)
         out = self._sdpa(q, k, v, mask, dropout, causal, gqa)
@@ -514,6 +540,49 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
             owner, qp, kp, vp, kind, (valid_q, valid_kv), None, win, br, recompute, bias_type, bias, slopes
         )
         out = _unpack(out, bounds_q, q.shape[0])
+        return (out, max_logit) if self.return_max_logit else out
+
+    def _cached(
+        self, owner, q, k, v, fmt, kind, win, params, attention_mask, recompute, bias_type, bias, slopes
+    ):  # fmt: skip
+        if not isinstance(params, InferenceParams):
+            raise TypeError(
+                f"{owner}: inference_params: expected a te.InferenceParams, got {_describe(params)}"
+            )
+        if self.layer_number is None:
+            raise ValueError(
+                f"{owner}: layer_number: a KV cache (inference_params) keeps each layer's keys under its "
+                "layer_number; construct the module with one"
+            )
+        if kind == "arbitrary" or attention_mask is not None:
+            raise ValueError(
+                f"{owner}: attn_mask_type={kind!r} / attention_mask: with inference_params the mask comes "
+                "from the cache's lengths; use a causal, padding or no_mask type and no attention_mask"
+            )
+        if bias_type in ("pre_scale_bias", "post_scale_bias"):
+            raise ValueError(
+                f"{owner}: core_attention_bias_type={bias_type!r}: not with inference_params (the keys' "
+                "length changes every step); 'alibi' is taken"
+            )
+        kc, vc, cu_q, _, _, _ = params.step(self.layer_number, k, v, fmt)
+        b = params.batch_size
+        if fmt == "thd":
+            (qp,), _, bounds = _pack((q,), cu_q[: b + 1], None, params.max_seqlen_q)
+        else:
+            qp = q.permute(1, 2, 0, 3) if fmt == "sbhd" else q.permute(0, 2, 1, 3)
+        sq = qp.shape[2]
+        kc, vc = (x.to(q.dtype).permute(0, 2, 1, 3) for x in (kc, vc))
+        cached_kind = "padding_causal_bottom_right" if "causal" in kind else "padding"
+        out, max_logit = self._core(
+            owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type, bias,
+            slopes,
+        )  # fmt: skip
+        if fmt == "thd":
+            out = _unpack(out, bounds, q.shape[0])
+        elif fmt == "sbhd":
+            out = out.permute(2, 0, 1, 3).reshape(sq, b, -1)
+        else:
+            out = out.permute(0, 2, 1, 3).reshape(b, sq, -1)
         return (out, max_logit) if self.return_max_logit else out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from te_torch._dot_product_attention import DotProductAttention
+from te_torch._inference import InferenceParams
 from te_torch._layernorm_linear import LayerNormLinear
 from te_torch._linear import Linear
 from te_torch._module_base import (
@@ -32,7 +33,7 @@ from te_torch._module_base import (
     reject_kwargs,
 )
 from te_torch._norm import LayerNorm, RMSNorm
-from te_torch._rope import apply_rotary_pos_emb
+from te_torch._rope import apply_cached, apply_rotary_pos_emb
 from te_torch._tensor_parallel import parallel_config
 
 __all__ = ["MultiheadAttention"]
@@ -87,7 +88,8 @@ class MultiheadAttention(torch.nn.Module):
             fuse_wgrad_accumulation, params_dtype, device, bias: as te.Linear's; with
             ``set_parallel_mode`` the QKV projection is column-split and the output projection
             row-split over ``tp_group``.
-        layer_number, seq_length, micro_batch_size, name: accepted.
+        layer_number: this layer's key in a KV cache (``inference_params``).
+        seq_length, micro_batch_size, name: accepted.
     """
 
     def __init__(
@@ -276,7 +278,10 @@ class MultiheadAttention(torch.nn.Module):
         ``qkv_format``; keys and values from ``encoder_output`` for cross attention).
 
         ``rotary_pos_emb``: angles [S, 1, 1, d'] (te.RotaryPositionEmbedding), or a (query, key)
-        pair of them. The other arguments go to te.DotProductAttention.forward.
+        pair of them. ``inference_params``: a te.InferenceParams KV cache (self attention only;
+        the module needs a ``layer_number``): this layer's cache is allocated at its first step,
+        and the rotary angles start at each sequence's cached length. The other arguments go to
+        te.DotProductAttention.forward.
 
         Returns the output (the input's shape), then the output projection's bias if
         ``return_bias``, then the input norm's output if ``input_layernorm`` and
@@ -284,7 +289,23 @@ class MultiheadAttention(torch.nn.Module):
         """
         owner = "MultiheadAttention"
         if inference_params is not None:
-            raise NotImplementedError(f"{owner}: inference_params (a KV cache) is not implemented in te yet")
+            if not isinstance(inference_params, InferenceParams):
+                raise TypeError(
+                    f"{owner}: inference_params: expected a te.InferenceParams, got "
+                    f"{type(inference_params).__name__}"
+                )
+            if self.attention_type == "cross":
+                raise ValueError(
+                    f"{owner}: inference_params: a KV cache is for self attention (cross attention's keys "
+                    "come from encoder_output every step)"
+                )
+            if self.layer_number is None:
+                raise ValueError(
+                    f"{owner}: layer_number: a KV cache (inference_params) keeps each layer's keys under "
+                    "its layer_number; construct the module with one"
+                )
+            if self.layer_number not in inference_params.cache_manager.cache:
+                inference_params.allocate_memory(self.layer_number)
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{owner}: hidden_states: expected a float32, bfloat16 or float16 tensor")
         want = 2 if self.qkv_format == "thd" else 3
@@ -338,11 +359,27 @@ class MultiheadAttention(torch.nn.Module):
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb, rotary_pos_emb)
             )
             fmt, inter = self.qkv_format, self.rotary_pos_interleaved
-            # a thd sequence's positions count from where it starts in the packed tensor
-            cu_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
-            cu_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
-            q = apply_rotary_pos_emb(q, q_emb, fmt, interleaved=inter, cu_seqlens=cu_q)
-            k = apply_rotary_pos_emb(k, k_emb, fmt, interleaved=inter, cu_seqlens=cu_kv)
+            if inference_params is not None:
+                # The new tokens continue their sequences: positions count from the cached
+                # lengths, checked here on the host (padded positions past freqs are masked).
+                longest = inference_params.max_seqlen_kv
+                for arg, emb in (("rotary_pos_emb", q_emb), ("rotary_pos_emb (key)", k_emb)):
+                    if isinstance(emb, torch.Tensor) and emb.dim() == 4 and emb.shape[0] < longest:
+                        raise ValueError(
+                            f"{owner}: {arg}: a sequence in the KV cache reaches position {longest - 1}; "
+                            f"expected angles for at least {longest} positions, got {emb.shape[0]}"
+                        )
+                b = inference_params.batch_size
+                start = inference_params.get_seqlens_pre_step()[:b]
+                cu = inference_params.cu_seqlens_q[: b + 1]
+                q = apply_cached(q, q_emb, fmt, start, inter, cu)
+                k = apply_cached(k, k_emb, fmt, start, inter, cu)
+            else:
+                # a thd sequence's positions count from where it starts in the packed tensor
+                cu_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
+                cu_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+                q = apply_rotary_pos_emb(q, q_emb, fmt, interleaved=inter, cu_seqlens=cu_q)
+                k = apply_rotary_pos_emb(k, k_emb, fmt, interleaved=inter, cu_seqlens=cu_kv)
         if self.q_norm is not None and not self.qk_norm_before_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         context = self.core_attention(
@@ -363,6 +400,7 @@ class MultiheadAttention(torch.nn.Module):
             core_attention_bias_type=core_attention_bias_type,
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
+            inference_params=inference_params,
         )
         out = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = out if isinstance(out, tuple) else (out,)

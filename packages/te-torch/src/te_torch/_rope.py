@@ -132,12 +132,16 @@ def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _positions_thd(cu_seqlens: torch.Tensor, t: int) -> torch.Tensor:
+def _positions_thd(cu_seqlens: torch.Tensor, t: int, start_positions: torch.Tensor | None) -> torch.Tensor:
     """Each packed token's position inside its sequence (token j of sequence i is at j -
-    cu_seqlens[i]); tokens past cu_seqlens[-1] get positions past their last sequence's end."""
+    cu_seqlens[i], plus start_positions[i]); tokens past cu_seqlens[-1] get positions past their
+    last sequence's end."""
     tok = torch.arange(t, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     seq = torch.searchsorted(cu_seqlens[1:].contiguous(), tok, right=True).clamp(max=cu_seqlens.numel() - 2)
-    return (tok - cu_seqlens[seq]).long()
+    pos = (tok - cu_seqlens[seq]).long()
+    if start_positions is not None:
+        pos = pos + start_positions.to(pos.device).long()[seq]
+    return pos
 
 
 def apply_rotary_pos_emb(
@@ -158,8 +162,7 @@ def apply_rotary_pos_emb(
             (``"thd"``, with ``cu_seqlens``); fp32, bf16 or fp16.
         freqs: [S, 1, 1, d] angles (RotaryPositionEmbedding's output), S >= the positions used,
             d <= D and even; the channels past d are passed through.
-        start_positions: int [b], each sequence's first position (a KV-cache decode step);
-            default 0. Not with ``"thd"``.
+        start_positions: int [b], each sequence's first position (a KV-cache step); default 0.
         interleaved: the angles rotate channel pairs (2i, 2i + 1) instead of halves.
         fused: accepted (TE's fused kernel): te computes the same way either way.
         cu_seqlens: int32 [b + 1] sequence boundaries of a ``"thd"`` t; positions restart at 0 in
@@ -170,8 +173,19 @@ def apply_rotary_pos_emb(
     Returns:
         A tensor like ``t`` (same shape and dtype).
     """
-    owner = "apply_rotary_pos_emb"
     del fused
+    return _apply(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size, cp_rank, True)
+
+
+def apply_cached(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens) -> torch.Tensor:
+    """apply_rotary_pos_emb for a KV-cache step whose caller checked on the host that the
+    sequences' positions fit freqs: no range check (no host sync a layer); padded positions
+    past freqs take its last angle (their outputs are masked out)."""
+    return _apply(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, 1, 0, False)
+
+
+def _apply(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size, cp_rank, check):
+    owner = "apply_rotary_pos_emb"
     if tensor_format not in TENSOR_FORMATS:
         raise ValueError(f"{owner}: tensor_format: expected one of {TENSOR_FORMATS}, got {tensor_format!r}")
     if cp_size != 1 or cp_rank != 0:
@@ -196,11 +210,25 @@ def apply_rotary_pos_emb(
         raise ValueError(f"{owner}: freqs: expected it on t's device {t.device}, got {freqs.device}")
     angles = freqs.view(freqs.shape[0], d).float()
     if tensor_format == "thd":
-        if start_positions is not None:
-            raise ValueError(f"{owner}: start_positions: not taken with tensor_format='thd'")
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"{owner}: cu_seqlens: expected an int [b + 1] tensor with tensor_format='thd'")
-        pos = _positions_thd(cu_seqlens.to(t.device), t.shape[0])
+        b = cu_seqlens.numel() - 1
+        if start_positions is not None and (
+            not isinstance(start_positions, torch.Tensor) or start_positions.shape != (b,)
+        ):
+            raise ValueError(f"{owner}: start_positions: expected an int tensor [b={b}] (cu_seqlens' b)")
+        cu = cu_seqlens.to(t.device)
+        pos = _positions_thd(cu, t.shape[0], start_positions)
+        if check and start_positions is not None:
+            # A KV-cache step's one host sync (as bshd's): a real token past freqs must not go
+            # unrotated.
+            real = torch.arange(t.shape[0], device=t.device) < cu[-1]
+            top, low = int(torch.where(real, pos, 0).max()), int(torch.where(real, pos, 0).min())
+            if top >= angles.shape[0] or low < 0:
+                raise ValueError(
+                    f"{owner}: start_positions: positions up to {top} need freqs of that length, got "
+                    f"{angles.shape[0]}"
+                )
         # Tokens past the last boundary (padding) may point past freqs: they are not rotated.
         inside = pos < angles.shape[0]
         a = angles[pos.clamp(max=angles.shape[0] - 1)] * inside[:, None]
@@ -218,12 +246,12 @@ def apply_rotary_pos_emb(
             pos = torch.arange(s, device=t.device)[:, None] + start_positions.to(t.device).long()[None, :]
             # The only host sync here, and only for a KV-cache step: an index past freqs would
             # otherwise fault on the GPU.
-            if int(pos.max()) >= angles.shape[0] or int(pos.min()) < 0:
+            if check and (int(pos.max()) >= angles.shape[0] or int(pos.min()) < 0):
                 raise ValueError(
                     f"{owner}: start_positions: positions up to {int(pos.max())} need freqs of that "
                     f"length, got {angles.shape[0]}"
                 )
-            a = angles[pos][:, :, None, :]  # [s, b, 1, d]
+            a = angles[pos.clamp(max=angles.shape[0] - 1)][:, :, None, :]  # [s, b, 1, d]
         if tensor_format == "bshd":
             a = a.transpose(0, 1)
     x = t[..., :d].float()
