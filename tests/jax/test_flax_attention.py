@@ -665,7 +665,8 @@ def test_mha_under_fp8_recipes(name):
 @pytest.mark.parametrize(
     "model,kv,error,message",
     [
-        (MultiHeadAttention(16, 4), None, NotImplementedError, "decode=True is not supported by te_jax yet"),
+        (MultiHeadAttention(16, 4, qkv_format="thd", attn_mask_type="padding"), None, ValueError,
+         r"MultiHeadAttention.qkv_format: decode=True \(the KV cache\) takes 'bshd'"),
         (MultiHeadAttention(16, 4, low_rank_adaptation_scope="all"), "x", NotImplementedError,
          "low_rank_adaptation_scope='all' is not supported"),
         (MultiHeadAttention(16, 4, low_rank_adaptation_scope="some"), "x", ValueError,

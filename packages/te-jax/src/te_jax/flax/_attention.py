@@ -43,6 +43,7 @@ from te_jax._attention import array as _array
 from te_jax._attention import canonical as _canonical
 from te_jax._attention import check_shape as _check_shape
 from te_jax.flax import _common
+from te_jax.flax._kv_cache import KVCache
 from te_jax.flax._layers import DenseGeneral, LayerNormDenseGeneral, _not_supported
 
 Initializer = Callable[..., Any]
@@ -394,16 +395,17 @@ class DotProductAttention(nn.Module):
         return kind
 
 
-def _rotary(x, windows, seq_dim: int, group_method: str):
-    """Rotary position embedding of x [..., s, ..., heads, d] (positions 0..s-1 along
-    ``seq_dim``), TE's: time scales min * (max / min) ** (2i / d), i < d / 2; 'alternate' rotates
-    the pairs (i, i + d/2), 'consecutive' the pairs (2i, 2i + 1). Math in fp32."""
+def _rotary(x, windows, seq_dim: int, group_method: str, start=0):
+    """Rotary position embedding of x [..., s, ..., heads, d] (positions start..start+s-1 along
+    ``seq_dim``; ``start`` may be traced), TE's: time scales min * (max / min) ** (2i / d),
+    i < d / 2; 'alternate' rotates the pairs (i, i + d/2), 'consecutive' the pairs (2i, 2i + 1).
+    Math in fp32."""
     d = x.shape[-1]
     lo, hi = float(windows[0]), float(windows[1])
     scales = lo * (hi / lo) ** (2.0 * jnp.arange(d // 2, dtype=_F32) / d)
     shape = [1] * x.ndim
     shape[seq_dim] = x.shape[seq_dim]
-    pos = jnp.reshape(jnp.arange(x.shape[seq_dim], dtype=_F32), shape)
+    pos = jnp.reshape(jnp.arange(x.shape[seq_dim], dtype=_F32) + jnp.asarray(start, _F32), shape)
     xf = x.astype(_F32)
     if group_method == "alternate":
         angle = pos / scales
@@ -497,8 +499,20 @@ class MultiHeadAttention(nn.Module):
 
     ``__call__(inputs_q, inputs_kv, mask=None, bias=None, *, decode=False, deterministic=False)``:
     mask (a boolean mask or a te_jax.attention.SequenceDescriptor, passed on as
-    DotProductAttention's ``sequence_descriptor``, as TE does) and bias as DotProductAttention's;
-    decode=True (the KV cache) raises NotImplementedError.
+    DotProductAttention's ``sequence_descriptor``, as TE does) and bias as DotProductAttention's.
+
+    ``decode=True``: autoregressive decoding with TE's KV cache in the flax collection
+    ``"cache"`` (``cached_key`` / ``cached_value`` [b, L, g, d], [L, b, g, d] with
+    transpose_batch_sequence, in the keys' dtype; ``cache_index`` int32; see _kv_cache.py).
+    The first such call (model.init, or apply(..., mutable=["cache"]) without a cache) creates
+    the cache for inputs of length L and returns the ordinary forward; each later call (apply
+    with mutable=["cache"]) takes one token per row, [b, 1, hidden], writes its key and value
+    at cache_index (rotary embeddings rotate q and k at that position), advances cache_index and
+    attends to the tokens cached so far (and the window). In a step, ``bias`` is [b, h, 1, L] or
+    covers every query, [b, h, L, L] (TE's: row cache_index is taken); ``mask``, read only by
+    the padding mask types, likewise [b, 1, 1 or L, L]. qkv_format='thd' raises ValueError; so
+    do a step with more than one token, a full cache (eagerly; a jitted step past the end
+    outputs NaN) and apply without mutable=["cache"].
     """
 
     head_dim: int
@@ -539,9 +553,13 @@ class MultiHeadAttention(nn.Module):
     def __call__(
         self, inputs_q, inputs_kv, mask=None, bias=None, *, decode: bool = False, deterministic=False
     ):
-        _not_supported(self, decode=decode)
         check_lora_scope(self, self.low_rank_adaptation_scope)
         thd = check_qkv_format(self, "attn_mask_type")
+        if decode and thd:
+            raise ValueError(
+                "MultiHeadAttention.qkv_format: decode=True (the KV cache) takes 'bshd' (TE's decode "
+                "runs bshd_bshd_bshd only), got 'thd'"
+            )
         is_self = inputs_q is inputs_kv
         xq = _array(inputs_q, "inputs_q")
         xkv = xq if is_self else _array(inputs_kv, "inputs_kv")
@@ -554,7 +572,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"inputs_kv: expected inputs_q's dtype {xq.dtype}, got {xkv.dtype}")
         h, d = self.num_attention_heads, self.head_dim
         g = _check_heads(self, d, h, self.num_gqa_groups)
-        check_attention_args(self)
+        _, window, mask_type, _ = check_attention_args(self)
         if self.enable_rotary_pos_emb:
             method = _group_method(self.rotary_pos_emb_group_method)
             w = self.rotary_pos_emb_windows
@@ -570,6 +588,7 @@ class MultiHeadAttention(nn.Module):
                     f"MultiHeadAttention.head_dim: rotary position embedding rotates pairs; expected an "
                     f"even head_dim, got {d}"
                 )
+        cache = KVCache(self, xq, xkv, self.transpose_batch_sequence) if decode else None
         kernel_init = self.kernel_init or default_mha_kernel_init()
 
         def query_init(key, shape, dtype=jnp.float32):
@@ -647,14 +666,24 @@ class MultiHeadAttention(nn.Module):
                 )
         if self.enable_rotary_pos_emb:
             seq_dim = 0 if self.transpose_batch_sequence else 1
-            q = _rotary(q, self.rotary_pos_emb_windows, seq_dim, method)
-            k = _rotary(k, self.rotary_pos_emb_windows, seq_dim, method)
+            start = 0 if cache is None else cache.position
+            q = _rotary(q, self.rotary_pos_emb_windows, seq_dim, method, start)
+            k = _rotary(k, self.rotary_pos_emb_windows, seq_dim, method, start)
+        dpa_mask_type, dpa_window = self.attn_mask_type, self.window_size
+        if cache is not None:
+            k, v = cache.update(k, v, "inputs_q" if is_self else "inputs_kv")
+            if cache.filled:
+                b = xq.shape[1 if self.transpose_batch_sequence else 0]
+                mask = cache.step_mask(mask, mask_type, window, b, h)
+                bias = cache.step_bias(bias, b, h)
+                # the step's mask already holds the causal part and the window, at its position
+                dpa_mask_type, dpa_window = "padding", None
         x = DotProductAttention(
             head_dim=d,
             num_attention_heads=h,
             num_gqa_groups=g,
             attention_dropout=self.attention_dropout,
-            attn_mask_type=self.attn_mask_type,
+            attn_mask_type=dpa_mask_type,
             attn_bias_type=self.attn_bias_type,
             dtype=self.dtype,
             dropout_rng_name=self.dropout_rng_name,
@@ -662,7 +691,7 @@ class MultiHeadAttention(nn.Module):
             qkv_layout="thd_thd_thd" if thd else "bshd_bshd_bshd",
             scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
             transpose_batch_sequence=self.transpose_batch_sequence,
-            window_size=self.window_size,
+            window_size=dpa_window,
             softmax_type=self.softmax_type,
             score_mod=self.score_mod,
             score_mod_bprop=self.score_mod_bprop,
@@ -674,4 +703,6 @@ class MultiHeadAttention(nn.Module):
             name="out",
             **dense,
         )(x)
+        if cache is not None:
+            out = cache.guard(out)
         return out, (ln_out if self.return_layernorm_output else None)

@@ -29,7 +29,8 @@ from te_jax.flax._attention import (
     check_lora_scope,
     check_qkv_format,
 )
-from te_jax.flax._layers import LayerNorm, _not_supported
+from te_jax.flax._kv_cache import CACHE_COLLECTION, cache_length
+from te_jax.flax._layers import LayerNorm
 from te_jax.flax._mlp import LayerNormMLP
 
 Initializer = Callable[..., Any]
@@ -145,9 +146,16 @@ class TransformerLayer(nn.Module):
     deterministic=False, decode=False, max_decode_length=None)``: masks are boolean, True =
     masked out, [b, 1, s, s] and [b, 1, s, s_enc], or te_jax.attention.SequenceDescriptors
     (passed on to the attentions as TE does); DECODER needs ``encoded`` [b, s_enc, hidden] and
-    ``encoder_decoder_mask``. decode=True (the KV cache) raises NotImplementedError. The T5
-    relative position biases index the row's tokens; within a (contiguous) packed segment those
-    distances are the segment's own.
+    ``encoder_decoder_mask``. The T5 relative position biases index the row's tokens; within a
+    (contiguous) packed segment those distances are the segment's own.
+
+    ``decode=True`` is passed to the self attention (MultiHeadAttention's KV cache, in the
+    collection ``"cache"`` under ``attention`` / ``self_attention``): the first call creates the
+    cache for its inputs' length L, each later call (apply with mutable=["cache"]) takes one
+    token per row, [b, 1, hidden]; DECODER's cross attention runs every step on ``encoded`` with
+    ``encoder_decoder_mask`` [b, 1, 1, s_enc]. The T5 bias is then built for L x L and the step
+    takes its row cache_index; ``max_decode_length``, which TE uses for that length, may be None
+    or L (else ValueError).
     """
 
     hidden_size: int = 512
@@ -205,14 +213,17 @@ class TransformerLayer(nn.Module):
         decode: bool = False,
         max_decode_length=None,
     ):
-        _not_supported(self, decode=decode)
         if self.mlp_activation_params is not None:
             raise NotImplementedError(
                 "TransformerLayer: mlp_activation_params is not supported by te_jax yet (its LayerNormMLP "
                 "has no parameterized activations such as ('clamped_silu', 'clamped_linear'))"
             )
         check_lora_scope(self, self.low_rank_adaptation_scope)
-        check_qkv_format(self, "self_attn_mask_type")
+        if check_qkv_format(self, "self_attn_mask_type") and decode:
+            raise ValueError(
+                "TransformerLayer.qkv_format: decode=True (the KV cache) takes 'bshd' (TE's decode "
+                "runs bshd_bshd_bshd only), got 'thd'"
+            )
         if not isinstance(self.layer_type, TransformerLayerType):
             raise ValueError(
                 f"TransformerLayer.layer_type: expected TransformerLayerType.ENCODER or .DECODER, "
@@ -254,8 +265,10 @@ class TransformerLayer(nn.Module):
                 )
             encoded = _common_input(encoded, hidden, "encoded")
 
+        attn_name = "self_attention" if decoder else "attention"
         attn_bias = None
         if self.enable_relative_embedding:
+            n = self._relpos_length(seq, decode, max_decode_length, attn_name)
             rel = self.relative_embedding or RelativePositionBiases(
                 num_buckets=32,
                 max_distance=128,
@@ -265,7 +278,7 @@ class TransformerLayer(nn.Module):
                 embedding_axes=(),  # replicated, as the attention's projections (see the docs)
                 name="relpos_bias",
             )
-            attn_bias = rel(seq, seq, not decoder)
+            attn_bias = rel(n, n, not decoder)
 
         def mha(**kw):
             return MultiHeadAttention(
@@ -312,8 +325,8 @@ class TransformerLayer(nn.Module):
             input_layernorm=not self.output_layernorm,
             attn_mask_type=self.self_attn_mask_type,
             attn_bias_type=self.self_attn_bias_type,
-            name="self_attention" if decoder else "attention",
-        )(x, x, attention_mask, attn_bias, deterministic=deterministic)
+            name=attn_name,
+        )(x, x, attention_mask, attn_bias, decode=decode, deterministic=deterministic)
         y = stochastic_depth(dropout(y, hidden_rate, hidden_dims))
         x = y + (ln_out if self.apply_residual_connection_post_layernorm else x)
 
@@ -357,6 +370,19 @@ class TransformerLayer(nn.Module):
                 name="output_layernorm",
             )(out)
         return out.astype(in_dtype)
+
+    def _relpos_length(self, seq: int, decode: bool, max_decode_length, attn_name: str) -> int:
+        """The query and key length of the T5 bias: the inputs', or in a decode step the KV
+        cache's (the self attention takes the bias's row cache_index), which TE reads from
+        max_decode_length (DECODER layers; without it TE's steps get a 1 x 1 bias)."""
+        if not decode:
+            return seq
+        cached = self.variables.get(CACHE_COLLECTION, {}).get(attn_name, {}).get("cached_key")
+        n = seq if cached is None else cache_length(cached, bool(self.transpose_batch_sequence))
+        if max_decode_length is not None and max_decode_length != n:
+            what = "the cache's length" if cached is not None else "the inputs' length, which sizes the cache"
+            raise ValueError(f"max_decode_length: expected None or {n} ({what}), got {max_decode_length!r}")
+        return n
 
 
 def _common_input(x, hidden: int, name: str = "inputs"):
