@@ -350,8 +350,12 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 )
         return q, k, v
 
-    def _core(self, owner, q, k, v, kind, valid, attention_mask, win, br, recompute, bias_type, bias, slopes):
-        """q [b, h, s_q, d], k / v [b, g, s_kv, d] -> ([b, h, s_q, d_v], max logit or None)."""
+    def _core(
+        self, owner, q, k, v, kind, valid, attention_mask, win, br, recompute, bias_type, bias, slopes,
+        memo=None,
+    ):  # fmt: skip
+        """q [b, h, s_q, d], k / v [b, g, s_kv, d] -> ([b, h, s_q, d_v], max logit or None).
+        ``memo(key, make)``: where the masks can be shared (a KV-cache step's layers)."""
         b, h, sq, skv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         arbitrary = None
         if kind == "arbitrary":
@@ -390,12 +394,24 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
             and sink is None
             and not self.return_max_logit
         )
-        keep = None if causal else masks.keep_mask(kind, valid, arbitrary, win, br, sq, skv, q.device)
+        keep = seen = None
+        if not causal:
+
+            def make():
+                keep = masks.keep_mask(kind, valid, arbitrary, win, br, sq, skv, q.device)
+                if keep is None or sink is not None:
+                    return keep, None
+                # A query row that sees no key would be NaN (softmax of nothing): it attends to
+                # everything instead and is zeroed after, so neither it nor its gradient is NaN.
+                seen = keep.any(dim=-1, keepdim=True)
+                return keep | ~seen, seen
+
+            keep, seen = make() if memo is None else memo((kind, win, br, sq, skv, sink is None), make)
         max_logit = None
         if self.return_max_logit:
-            max_logit = self._max_logit(q, k, keep, add)
+            max_logit = self._max_logit(q, k, keep if seen is None else keep & seen, add)
         dropout = self.attention_dropout if self.training else 0.0
-        args = (q, k, v, keep, add, sink, causal)
+        args = (q, k, v, keep, seen, add, sink, causal)
         if recompute:
             out = checkpoint(
                 self._attend,
@@ -451,14 +467,10 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 s = s.masked_fill(~keep, float("-inf"))
             return s.amax(dim=(0, 2, 3))
 
-    def _attend(self, q, k, v, keep, add, sink, causal: bool, dropout: float) -> torch.Tensor:
+    def _attend(self, q, k, v, keep, seen, add, sink, causal: bool, dropout: float) -> torch.Tensor:
+        """``keep``: the keep-mask, rows that see no key opened; ``seen``: which rows see a key
+        (zeroed after where not), or None."""
         h, g = q.shape[1], k.shape[1]
-        seen = None
-        if keep is not None and sink is None:
-            # A query row that sees no key would be NaN (softmax of nothing): it attends to
-            # everything instead and is zeroed after, so neither it nor its gradient is NaN.
-            seen = keep.any(dim=-1, keepdim=True)
-            keep = keep | ~seen
         mask = keep
         if add is not None or sink is not None:
             mask = torch.zeros((), dtype=q.dtype, device=q.device) if add is None else add.to(q.dtype)
@@ -575,7 +587,7 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         cached_kind = "padding_causal_bottom_right" if "causal" in kind else "padding"
         out, max_logit = self._core(
             owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type, bias,
-            slopes,
+            slopes, params._share,
         )  # fmt: skip
         if fmt == "thd":
             out = _unpack(out, bounds, q.shape[0])

@@ -438,6 +438,7 @@ class InferenceParams:
         self.sequences: OrderedDict = OrderedDict()
         self.sequences_pre_step: OrderedDict = OrderedDict()
         self.batch_size = 0
+        self._shared: dict = {}
         self.max_seqlen_q = 0
         self.max_seqlen_kv = 0
         self.cache_manager.reset()
@@ -479,6 +480,7 @@ class InferenceParams:
                     f"max_sequence_length={self.max_sequence_length}"
                 )
         pre = OrderedDict((seq, self.sequences.get(seq, 0)) for seq in step_dict)
+        self._shared = {}
         self.sequences = self.cache_manager.pre_step(OrderedDict(step_dict))
         self.sequences_pre_step = pre
         self.batch_size = b = len(step_dict)
@@ -554,10 +556,21 @@ class InferenceParams:
     def _valid(self, sq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(valid_q [b, sq], valid_kv [b, max_seqlen_kv]) bools: each batch entry's new tokens
         among sq query positions and its whole sequence in the cache."""
-        b = self.batch_size
-        q = torch.arange(sq, device=self.device)[None, :] < self._lens[0, :b, None]
-        kv = torch.arange(self.max_seqlen_kv, device=self.device)[None, :] < self._lens[1, :b, None]
-        return q, kv
+
+        def make():
+            b = self.batch_size
+            q = torch.arange(sq, device=self.device)[None, :] < self._lens[0, :b, None]
+            kv = torch.arange(self.max_seqlen_kv, device=self.device)[None, :] < self._lens[1, :b, None]
+            return q, kv
+
+        return self._share(("valid", sq), make)
+
+    def _share(self, key, make):
+        """make(), computed once a step for every layer that asks with the same key (the step's
+        masks depend on its lengths only)."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
 
 def _describe(x) -> str:
