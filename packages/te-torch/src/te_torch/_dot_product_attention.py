@@ -496,7 +496,7 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 mask = mask.expand(mask.shape[0], 1, sq, mask.shape[3])
                 mask = mask.unsqueeze(2).expand(-1, -1, per, -1, -1).reshape(mask.shape[0], 1, per * sq, -1)
                 out = self._sdpa(q.reshape(b, g, per * sq, q.shape[3]), k, v, mask, dropout, False, gqa)
-                out = out.view(b, h, sq, out.shape[3])
+                out = out.reshape(b, h, sq, out.shape[3])  # the kernels' own strides
                 return out if seen is None else out * seen.to(out.dtype)
             else:
                 # a per-head mask or bias: the key/value heads are repeated

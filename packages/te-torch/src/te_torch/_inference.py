@@ -40,6 +40,14 @@ __all__ = ["InferenceParams", "KVCacheManager", "NonPagedKVCacheManager", "Paged
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 
 
+def _device(device) -> torch.device:
+    """``device`` with its index (a bare "cuda" is the current device), as tensors report it."""
+    device = default_device() if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _count(owner: str, arg: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{owner}: {arg}: expected an int >= {low}, got {value!r}")
@@ -94,7 +102,7 @@ class _Manager(KVCacheManager):
         self._shape_k = (rows, row_len, num_heads, head_dim_k)
         self._shape_v = (rows, row_len, num_heads, head_dim_v if head_dim_v is not None else head_dim_k)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = _device(device)
         self._pre: list[int] = []
         self._steps: list[int] = []
         self._copy_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -201,8 +209,7 @@ class NonPagedKVCacheManager(_Manager):
         device=None,
     ) -> None:
         super().__init__(
-            max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v,
-            default_device() if device is None else device,
+            max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v, device
         )  # fmt: skip
         self.max_batch_size = max_batch_size
         self.max_seqlen = max_seqlen
@@ -262,8 +269,7 @@ class PagedKVCacheManager(_Manager):
         device=None,
     ) -> None:
         super().__init__(
-            total_num_pages, page_size, num_heads, head_dim_k, dtype, head_dim_v,
-            default_device() if device is None else device,
+            total_num_pages, page_size, num_heads, head_dim_k, dtype, head_dim_v, device
         )  # fmt: skip
         self.total_num_pages = total_num_pages
         self.page_size = page_size
@@ -401,7 +407,7 @@ class InferenceParams:
                 f"{owner}: custom_cache_manager: expected a KVCacheManager subclass, "
                 f"got {custom_cache_manager!r}"
             )
-        self.device = default_device() if device is None else torch.device(device)
+        self.device = _device(device)
         self.is_paged = bool(is_paged)
         common = {
             "num_heads": self.num_heads_kv,
