@@ -8,7 +8,10 @@ BF16 parameters and activations, [b, 1, hidden] inputs, no dropout, no rotary em
               value written into a static [b, max, g, d] cache at the step's position (one
               length for the whole batch, so no mask), torch's scaled_dot_product_attention over
               the filled positions with enable_gqa, nn.Linear (projection), the MLP with gelu
-              (tanh) (the 1.00x reference)
+              (tanh) (the 1.00x reference); attention by FlashAttention or the memory-efficient
+              kernel (as te's cached attention: torch's cuDNN attention builds a plan per key
+              length, so every decode step)
+  torch_any   the same with torch's own choice of attention kernel
   te_bf16     te.TransformerLayer with te.InferenceParams (non-paged): pre_step and the layers
   te_paged    the same with a paged cache (pages of 64 positions)
   te_current  te_bf16 under Float8CurrentScaling (FP8 GEMMs)
@@ -24,6 +27,7 @@ interleaved rounds (benchmarks/_variants.py). TFLOP/s counts the GEMMs (2 * batc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import OrderedDict
 
@@ -32,6 +36,7 @@ import te_torch as te
 import torch
 import torch.nn.functional as F
 from _variants import time_variants, write_json
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class TorchLayer(torch.nn.Module):
@@ -105,7 +110,7 @@ def main() -> int:
     flops = 2.0 * b * n * params_per_layer
     x = torch.randn(b, 1, h, device="cuda", dtype=torch.bfloat16)
 
-    def torch_row():
+    def torch_row(backends=None):
         layers = [TorchLayer(h, f, heads, groups, b, max_len) for _ in range(n)]
         pos = [ctx]
 
@@ -114,8 +119,9 @@ def main() -> int:
             if pos[0] == max_len:
                 pos[0] = ctx
             y = x
-            for layer in layers:
-                y = layer(y, pos[0])
+            with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+                for layer in layers:
+                    y = layer(y, pos[0])
             pos[0] += 1
             return y
 
@@ -158,7 +164,8 @@ def main() -> int:
         return step
 
     variants = [
-        ("torch", torch_row),
+        ("torch", lambda: torch_row([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])),
+        ("torch_any", torch_row),
         ("te_bf16", lambda: te_row(False)),
         ("te_paged", lambda: te_row(True)),
         ("te_current", lambda: te_row(False, te.recipe.Float8CurrentScaling())),

@@ -19,6 +19,7 @@ import numbers
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_torch import _attention_mask as masks
 from te_torch._autocast import get_fp8_recipe
@@ -34,6 +35,7 @@ QKV_FORMATS = ("sbhd", "bshd", "thd")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 # enable_gqa (grouped key/value heads without a copy) came with torch 2.5.
 _GQA_KWARG = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+_CACHED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # TE forward arguments te takes at their defaults only; anything else names itself.
 _FORWARD_DEFAULTS = {
     "fp8_output": False,
@@ -585,10 +587,12 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         sq = qp.shape[2]
         kc, vc = (x.to(q.dtype).permute(0, 2, 1, 3) for x in (kc, vc))
         cached_kind = "padding_causal_bottom_right" if "causal" in kind else "padding"
-        out, max_logit = self._core(
-            owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type, bias,
-            slopes, params._share,
-        )  # fmt: skip
+        # Not torch's cuDNN attention: it builds a plan per key length, i.e. every step.
+        with sdpa_kernel(_CACHED_BACKENDS):
+            out, max_logit = self._core(
+                owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type,
+                bias, slopes, params._share,
+            )  # fmt: skip
         if fmt == "thd":
             out = _unpack(out, bounds, q.shape[0])
         elif fmt == "sbhd":
