@@ -757,17 +757,7 @@ def test_constructor_errors(kwargs, match):
     ],
 )
 def test_pre_step_errors_leave_the_state_alone(page_size, step_dict, match):
-    params = te.InferenceParams(
-        2,
-        12,
-        2,
-        8,
-        torch.float32,
-        is_paged=page_size is not None,
-        total_num_pages=6,
-        page_size=page_size,
-        device=CPU,
-    )
+    params = _ready(page_size)
     params.pre_step(OrderedDict({0: 4}))
     before = (list(params.sequences.items()), params.cu_seqlens_kv.tolist(), params.batch_size)
     with pytest.raises(ValueError, match=match):

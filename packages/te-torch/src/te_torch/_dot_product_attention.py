@@ -485,7 +485,7 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 mask = torch.cat((mask, sink.to(q.dtype).expand(mask.shape[0], h, sq, 1)), dim=-1)
                 k = torch.cat((k, k.new_zeros(b, g, 1, k.shape[-1])), dim=2)
                 v = torch.cat((v, v.new_zeros(b, g, 1, v.shape[-1])), dim=2)
-        gqa = {}
+        gqa, out = {}, None
         if g != h:
             if mask is None and _GQA_KWARG:
                 gqa = {"enable_gqa": True}
@@ -499,12 +499,12 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
                 mask = mask.unsqueeze(2).expand(-1, -1, per, -1, -1).reshape(mask.shape[0], 1, per * sq, -1)
                 out = self._sdpa(q.reshape(b, g, per * sq, q.shape[3]), k, v, mask, dropout, False, gqa)
                 out = out.reshape(b, h, sq, out.shape[3])  # the kernels' own strides
-                return out if seen is None else out * seen.to(out.dtype)
             else:
                 # a per-head mask or bias: the key/value heads are repeated
                 k = k.repeat_interleave(h // g, dim=1)
                 v = v.repeat_interleave(h // g, dim=1)
-        out = self._sdpa(q, k, v, mask, dropout, causal, gqa)
+        if out is None:
+            out = self._sdpa(q, k, v, mask, dropout, causal, gqa)
         if seen is not None:
             out = out * seen.to(out.dtype)
         return out

@@ -436,7 +436,6 @@ class InferenceParams:
         self.cu_seqlens_q = torch.zeros(self.max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.cu_seqlens_kv = torch.zeros(self.max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.pre_step_seqlens = torch.zeros(self.max_batch_size, dtype=torch.int32, device=self.device)
-        self._lens = torch.zeros(2, self.max_batch_size, dtype=torch.long, device=self.device)
         self.reset()
 
     def reset(self) -> None:
@@ -503,8 +502,6 @@ class InferenceParams:
         self.cu_seqlens_q.copy_(dev[0])
         self.cu_seqlens_kv.copy_(dev[1])
         self.pre_step_seqlens.copy_(dev[2, :-1])
-        self._lens[0].copy_(dev[0, 1:] - dev[0, :-1])
-        self._lens[1].copy_(dev[1, 1:] - dev[1, :-1])
 
     def get_seqlens_pre_step(self) -> torch.Tensor:
         """Each batch entry's length before this step, int32 [max_batch_size] (RoPE's start
@@ -565,8 +562,10 @@ class InferenceParams:
 
         def make():
             b = self.batch_size
-            q = torch.arange(sq, device=self.device)[None, :] < self._lens[0, :b, None]
-            kv = torch.arange(self.max_seqlen_kv, device=self.device)[None, :] < self._lens[1, :b, None]
+            lens_q = self.cu_seqlens_q[1 : b + 1] - self.cu_seqlens_q[:b]
+            lens_kv = self.cu_seqlens_kv[1 : b + 1] - self.cu_seqlens_kv[:b]
+            q = torch.arange(sq, device=self.device)[None, :] < lens_q[:, None]
+            kv = torch.arange(self.max_seqlen_kv, device=self.device)[None, :] < lens_kv[:, None]
             return q, kv
 
         return self._share(("valid", sq), make)
