@@ -1,6 +1,6 @@
 """te.InferenceParams on CUDA: generation through a two-layer te.TransformerLayer stack with a KV
 cache, against the same stack on the CPU (te-core's reference backend, fp32) generating through
-the same steps.
+the same steps (ragged batches, and a static batch whose uniform steps run without a mask).
 
 The CPU side is itself checked against independent fp64 references in tests/torch/
 test_kv_cache.py. Here the cache's copies (index_copy_ into the non-paged rows or the paged
@@ -92,4 +92,45 @@ def test_generation_matches_cpu(recipe, paged):
     assert got.keys() == ref.keys()
     for i in ref:
         assert got[i].shape == ref[i].shape
+        assert relerr(got[i], ref[i]) < TOL[recipe], (i, relerr(got[i], ref[i]))
+
+
+def generate_static(layers, params, tokens, recipe, dtype, device):
+    """A static batch: every sequence's 6-token prompt at once (a causal step over whole new
+    sequences), one token a step, one 2-token step (s_q < s_kv: masked), one token again: the
+    uniform steps take the maskless path (FlashAttention on the GPU). Returns [b, tokens, H]."""
+    b = len(tokens)
+    outs, done = [], 0
+    for n in (6, 1, 1, 2, 1, 1):
+        params.pre_step(OrderedDict((i, n) for i in range(b)))
+        x = torch.stack([t[done : done + n] for t in tokens]).to(device, dtype)
+        with torch.no_grad(), te.autocast(enabled=recipe is not None, recipe=recipe):
+            for layer in layers:
+                x = layer(x, self_attn_mask_type="padding_causal", inference_params=params)
+        outs.append(x.float().cpu())
+        done += n
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("recipe", list(TOL))
+@pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
+def test_static_batch_generation_matches_cpu(recipe, paged):
+    torch.manual_seed(1)
+    tokens = [torch.randn(12, H) for _ in range(4)]
+    cpu_layers = stack("cpu")
+    gpu_layers = stack("cuda")
+    gpu_layers.load_state_dict(cpu_layers.state_dict())
+    gpu_layers.to(torch.bfloat16)
+    paging = {"is_paged": True, "total_num_pages": 16, "page_size": 4} if paged else {}
+    rec = te.recipe.Float8CurrentScaling() if recipe == "current" else None
+    got = generate_static(
+        gpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.bfloat16, device="cuda", **paging),
+        tokens, rec, torch.bfloat16, "cuda",
+    )  # fmt: skip
+    ref = generate_static(
+        cpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.float32, device="cpu", **paging),
+        tokens, rec, torch.float32, "cpu",
+    )  # fmt: skip
+    assert got.shape == ref.shape == (4, 12, H)
+    for i in range(4):
         assert relerr(got[i], ref[i]) < TOL[recipe], (i, relerr(got[i], ref[i]))

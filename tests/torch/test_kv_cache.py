@@ -244,6 +244,50 @@ def test_dpa_masks_windows_alibi(fmt, page_size, mask, window, alibi):
     run_dpa(fmt, page_size, mask=mask, window=window, alibi=alibi, seed=2)
 
 
+# Uniform steps (every sequence at one length taking one count of tokens: a static batch) take
+# the maskless path; the 2-token causal step (s_q < s_kv) and the ragged last steps do not. Step
+# 3 changes the batch order (rows move), step 5 finishes sequence 2.
+UNIFORM = [
+    {0: 4, 1: 4, 2: 4},
+    {0: 1, 1: 1, 2: 1},
+    {0: 1, 1: 1, 2: 1},
+    {0: 2, 1: 2, 2: 2},
+    {2: 1, 0: 1, 1: 1},
+    {0: 1, 1: 1},
+    {0: 1, 1: 2},
+]
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["exact", "padded"])
+@pytest.mark.parametrize("mask", ["padding_causal", "causal", "padding", "no_mask"])
+@pytest.mark.parametrize("page_size", [None, 3])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
+def test_dpa_uniform_steps_run_maskless_and_match_reference(fmt, page_size, mask, extra, monkeypatch):
+    """Padded bshd / sbhd inputs keep the mask (their padded query rows come out zero)."""
+    taken = []
+    maskless = te.DotProductAttention._maskless
+
+    def spy(self, *args):
+        taken.append(maskless(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(te.DotProductAttention, "_maskless", spy)
+    run_dpa(fmt, page_size, schedule=UNIFORM, mask=mask, extra=extra, seed=11)
+    causal = "causal" in mask
+    if extra and fmt != "thd":
+        assert not any(taken)
+    else:
+        assert taken == [True, True, True, not causal, True, True, False]
+
+
+@pytest.mark.parametrize("h, g", [(4, 1), (4, 4)])
+def test_dpa_uniform_steps_with_gqa_window_or_bias_match_reference(h, g):
+    """Uniform steps with MQA / MHA heads, and with a window or ALiBi (which keep the mask)."""
+    run_dpa("bshd", None, schedule=UNIFORM, h=h, g=g, seed=12)
+    run_dpa("sbhd", 3, schedule=UNIFORM, window=(1, 0), seed=13)
+    run_dpa("thd", None, schedule=UNIFORM, alibi=True, seed=14)
+
+
 @pytest.mark.parametrize("h, g, dk, dv", [(4, 4, 8, 8), (4, 1, 8, 8), (4, 2, 8, 4), (2, 2, 4, 12)])
 @pytest.mark.parametrize("fmt, page_size", [("bshd", None), ("sbhd", 3), ("thd", 4)])
 def test_dpa_heads_and_head_dims(fmt, page_size, h, g, dk, dv):

@@ -586,13 +586,22 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
             qp = q.permute(1, 2, 0, 3) if fmt == "sbhd" else q.permute(0, 2, 1, 3)
         sq = qp.shape[2]
         kc, vc = (x.to(q.dtype).permute(0, 2, 1, 3) for x in (kc, vc))
-        cached_kind = "padding_causal_bottom_right" if "causal" in kind else "padding"
+        causal = "causal" in kind
         # Not torch's cuDNN attention: it builds a plan per key length, i.e. every step.
-        with sdpa_kernel(_CACHED_BACKENDS):
-            out, max_logit = self._core(
-                owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type,
-                bias, slopes, params._share,
-            )  # fmt: skip
+        with _CudnnAttentionOff():
+            if self._maskless(params, causal, win, bias_type, recompute, qp, kc):
+                # Every sequence alike (a static batch's step): no padding to mask, and a causal
+                # step's diagonal is either one query's last key or a whole new sequence's.
+                dropout = self.attention_dropout if self.training else 0.0
+                gqa = {"enable_gqa": True} if kc.shape[1] != qp.shape[1] else {}
+                out = self._sdpa(qp, kc, vc, None, dropout, causal and sq > 1, gqa)
+                max_logit = None
+            else:
+                cached_kind = "padding_causal_bottom_right" if causal else "padding"
+                out, max_logit = self._core(
+                    owner, qp, kc, vc, cached_kind, params._valid(sq), None, win, True, recompute, bias_type,
+                    bias, slopes, params._share,
+                )  # fmt: skip
         if fmt == "thd":
             out = _unpack(out, bounds, q.shape[0])
         elif fmt == "sbhd":
@@ -600,6 +609,46 @@ class DotProductAttention(DropsTeExtraState, torch.nn.Module):
         else:
             out = out.permute(0, 2, 1, 3).reshape(b, sq, -1)
         return (out, max_logit) if self.return_max_logit else out
+
+    def _maskless(self, params, causal: bool, win, bias_type: str, recompute: bool, q, k) -> bool:
+        """Whether a cached step needs no mask: a uniform step (every sequence at one length
+        taking one count of tokens) with no padded query positions, no window, bias, sink or max
+        logit, and a causal step of one query per sequence (its last key is its own) or over
+        whole new sequences (s_q = s_kv)."""
+        sq, skv = q.shape[2], k.shape[2]
+        return (
+            params._uniform
+            and sq == params.max_seqlen_q
+            and win == ((-1, 0) if causal else (-1, -1))
+            and (not causal or sq == 1 or sq == skv)
+            and bias_type == "no_bias"
+            and self.softmax_type == "vanilla"
+            and not self.return_max_logit
+            and not recompute
+            and (_GQA_KWARG or k.shape[1] == q.shape[1])
+        )
+
+
+class _CudnnAttentionOff:
+    """torch's cuDNN attention off inside (the other backends as the user set them): an object,
+    not torch's sdpa_kernel context, which costs ~25 us a call on the host (the decode step's
+    attention is host-bound)."""
+
+    def __enter__(self) -> None:
+        if torch.compiler.is_compiling():
+            self.ctx = sdpa_kernel(_CACHED_BACKENDS)
+            self.ctx.__enter__()
+            return
+        self.ctx = None
+        self.on = torch.backends.cuda.cudnn_sdp_enabled()
+        if self.on:
+            torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def __exit__(self, *exc) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+        elif self.on:
+            torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 def _describe(x) -> str:

@@ -106,6 +106,8 @@ class _Manager(KVCacheManager):
         self._pre: list[int] = []
         self._steps: list[int] = []
         self._copy_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._checked: set[tuple] = set()
+        self._start: int | None = None
 
     def allocate_memory(self, layer_number: int) -> None:
         self.cache[layer_number] = (
@@ -121,6 +123,13 @@ class _Manager(KVCacheManager):
             (seq, pre + n) for (seq, n), pre in zip(step_dict.items(), self._pre, strict=True)
         )
         self._copy_index = {}
+        self._checked = set()
+        # Every sequence at the same length taking the same number of tokens (a static batch's
+        # decode step): the new tokens are one slice of the cache, written without indices.
+        same = self._pre.count(self._pre[0]) == len(self._pre) and self._steps.count(self._steps[0]) == len(
+            self._steps
+        )
+        self._start = self._pre[0] if same else None
 
     def _dst(self, batch: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Flat positions in the [rows * row_len] cache of (batch entry, position) pairs."""
@@ -153,6 +162,10 @@ class _Manager(KVCacheManager):
         return self._copy_index[key]
 
     def _check_new(self, qkv_format: str, new_k: torch.Tensor, new_v: torch.Tensor) -> None:
+        """new_k / new_v fit this step (checked once a step per layout: every layer passes alike)."""
+        key = (qkv_format, new_k.shape, new_v.shape, new_k.device, new_v.device)
+        if key in self._checked:
+            return
         owner = "InferenceParams.step"
         b, longest, total = len(self._steps), max(self._steps), sum(self._steps)
         for arg, x, shape in (("new_k", new_k, self._shape_k), ("new_v", new_v, self._shape_v)):
@@ -186,10 +199,22 @@ class _Manager(KVCacheManager):
                 f"{owner}: new_v: expected new_k's leading dims {tuple(new_k.shape[:2])}, got "
                 f"{tuple(new_v.shape)}"
             )
+        self._checked.add(key)
 
     def _write(self, cache, new, src, dst) -> None:
         flat = new.detach().reshape(-1, *new.shape[-2:]).index_select(0, src)
         cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst, flat.to(cache.dtype))
+
+    def _write_slice(self, cache, new, qkv_format: str) -> None:
+        """A uniform step's tokens (``_start``) into rows [0, b) at positions [start, start + s)."""
+        b, s, p = len(self._steps), self._steps[0], self._start
+        if qkv_format == "bshd":
+            new = new[:, :s]
+        elif qkv_format == "sbhd":
+            new = new[:s].transpose(0, 1)
+        else:
+            new = new[: b * s].view(b, s, *new.shape[1:])
+        cache[:b, p : p + s].copy_(new.detach())
 
 
 class NonPagedKVCacheManager(_Manager):
@@ -243,9 +268,13 @@ class NonPagedKVCacheManager(_Manager):
             b = self._move.numel()
             k_cache[:b] = k_cache.index_select(0, self._move)
             v_cache[:b] = v_cache.index_select(0, self._move)
-        src, dst = self._indices(qkv_format, new_k)
-        self._write(k_cache, new_k, src, dst)
-        self._write(v_cache, new_v, src, dst)
+        if self._start is not None:
+            self._write_slice(k_cache, new_k, qkv_format)
+            self._write_slice(v_cache, new_v, qkv_format)
+        else:
+            src, dst = self._indices(qkv_format, new_k)
+            self._write(k_cache, new_k, src, dst)
+            self._write(v_cache, new_v, src, dst)
         b = len(self._steps)
         return k_cache[:b], v_cache[:b]
 
@@ -443,6 +472,7 @@ class InferenceParams:
         self.sequences: OrderedDict = OrderedDict()
         self.sequences_pre_step: OrderedDict = OrderedDict()
         self.batch_size = 0
+        self._uniform = False
         self._shared: dict = {}
         self.max_seqlen_q = 0
         self.max_seqlen_kv = 0
@@ -492,6 +522,8 @@ class InferenceParams:
         steps = list(step_dict.values())
         lens = list(self.sequences.values())
         self.max_seqlen_q, self.max_seqlen_kv = max(steps), max(lens)
+        pres = list(pre.values())
+        self._uniform = steps.count(steps[0]) == b and pres.count(pres[0]) == b
         host = torch.zeros(3, self.max_batch_size + 1, dtype=torch.long)
         host[0, 1 : b + 1] = torch.tensor(steps).cumsum(0)
         host[1, 1 : b + 1] = torch.tensor(lens).cumsum(0)
