@@ -142,6 +142,47 @@ def test_return_bias_and_parameters_split():
     assert d.b_weight.shape == (32, 32)
 
 
+def test_split_parameters_are_read_without_a_copy_while_adjacent():
+    """Split parameters are consecutive views of one buffer: the GEMM reads that buffer (no
+    concatenation) and each part gets its rows of the gradient. Once a part is replaced the
+    module concatenates, with the same numbers."""
+    torch.manual_seed(6)
+    s = te.Linear(32, 48, parameters_split=("query_", "key_", "value_"), device="cpu")
+    x = torch.randn(5, 32, requires_grad=True)
+    dy = torch.randn(5, 48)
+    seen = []
+    orig = torch.nn.functional.linear
+
+    def spy(inp, weight, bias=None):
+        seen.append((weight.data_ptr(), None if bias is None else bias.data_ptr()))
+        return orig(inp, weight, bias)
+
+    parts = ("query_", "key_", "value_")
+    for mode in ("views", "concatenated"):
+        w = torch.cat([getattr(s, f"{p}weight") for p in parts]).detach()
+        b = torch.cat([getattr(s, f"{p}bias") for p in parts]).detach()
+        want = F.linear(x.detach(), w, b)
+        for p in parts:
+            getattr(s, f"{p}weight").grad = getattr(s, f"{p}bias").grad = None
+        seen.clear()
+        F.linear = spy
+        try:
+            y = s(x)
+            with torch.no_grad():
+                y_inf = s(x)
+        finally:
+            F.linear = orig
+        assert torch.equal(y, want) and torch.equal(y_inf, want)
+        adjacent = [(s.query_weight.data_ptr(), s.query_bias.data_ptr())] * 2
+        assert (seen == adjacent) == (mode == "views")
+        y.backward(dy)
+        rows = {"query_": slice(0, 16), "key_": slice(16, 32), "value_": slice(32, 48)}
+        for p, r in rows.items():
+            torch.testing.assert_close(getattr(s, f"{p}weight").grad, dy[:, r].T @ x.detach())
+            torch.testing.assert_close(getattr(s, f"{p}bias").grad, dy[:, r].sum(0))
+        s.key_weight = torch.nn.Parameter(s.key_weight.detach().clone())
+
+
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_is_first_microbatch_reuses_cached_weight(name):
     torch.manual_seed(4)

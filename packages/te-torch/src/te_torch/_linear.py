@@ -82,12 +82,57 @@ def register_linear_params(module, in_features, out_features, bias, split, param
 
 
 def linear_params(module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of register_linear_params' parameters (concatenated when split)."""
+    """(weight, bias) of register_linear_params' parameters (joined along dim 0 when split)."""
     if module._split is None:
         return parameter(module, "weight"), parameter(module, "bias")
-    weight = torch.cat([getattr(module, n) for n in module._weight_names])
-    bias = torch.cat([getattr(module, n) for n in module._bias_names]) if module._bias_names else None
+    weight = _join([parameter(module, n) for n in module._weight_names])
+    bias = _join([parameter(module, n) for n in module._bias_names]) if module._bias_names else None
     return weight, bias
+
+
+class _JoinFn(torch.autograd.Function):
+    """The split parameters as the one tensor whose consecutive views they are; the gradient
+    splits back."""
+
+    @staticmethod
+    def forward(ctx, *parts):
+        ctx.rows = [p.shape[0] for p in parts]
+        return _span(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.split(ctx.rows)
+
+
+def _span(parts) -> torch.Tensor:
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _join(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts) without the copy while the parts still are consecutive views of one
+    buffer (as register_linear_params makes them, and load_state_dict keeps them): a QKV
+    weight is read whole every forward, and the copy cost a decode step a launch and the
+    weight's bytes twice per layer."""
+    first = parts[0]
+    kind, dtype, row = type(first), first.dtype, first.shape[1:]
+    if kind in (torch.Tensor, torch.nn.Parameter) and not torch.compiler.is_compiling():
+        end = first.data_ptr()
+        for p in parts:
+            if type(p) is not kind or p.data_ptr() != end or p.dtype != dtype or p.shape[1:] != row:
+                break
+            if not p.is_contiguous():
+                break
+            end += p.numel() * p.element_size()
+        else:
+            # adjacent parts inside first's allocation are views of it (allocations never overlap)
+            storage = first.untyped_storage()
+            if end <= storage.data_ptr() + storage.nbytes():
+                if torch.is_grad_enabled() and any(p.requires_grad for p in parts):
+                    return _JoinFn.apply(*parts)
+                return _span(parts)
+    return torch.cat(parts)
 
 
 def reset_linear_params(module) -> None:
