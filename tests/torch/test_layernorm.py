@@ -67,6 +67,22 @@ def test_matches_fp32_torch(kind, dtype, shape, normalized, zcg):
         assert rel(g, w) <= tol, (what, rel(g, w))
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_inference_forward_matches_fp32_torch(kind, mode):
+    """Without autograd the kernel runs alone (no autograd Function): same numbers."""
+    torch.manual_seed(5)
+    m = MODULES[kind](96, eps=1e-4, zero_centered_gamma=True, dtype=torch.bfloat16, device="cpu")
+    with torch.no_grad():
+        m.weight.normal_(0.0, 0.3)
+    x, dy = inputs((7, 3, 96), torch.bfloat16, seed=6)
+    with torch.no_grad() if mode == "no_grad" else torch.inference_mode():
+        y = m(x.requires_grad_(True))
+    assert not y.requires_grad and y.dtype == torch.bfloat16
+    assert rel(y, ref_fwd_bwd(m, x, dy)[0]) <= 1e-2
+    assert torch.equal(y, fwd_bwd(m, x, dy)[0])
+
+
 @pytest.mark.parametrize("kind", list(MODULES))
 def test_zero_centered_gamma_applies_one_plus_weight(kind):
     cls = MODULES[kind]

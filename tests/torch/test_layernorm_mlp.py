@@ -226,6 +226,9 @@ def test_high_precision_matches_torch_modules(name):
         fc2.bias.grad,
     )
     check(got, want, 1e-5, torch.float32)
+    with torch.no_grad():  # inference: the norm and activation kernels run without autograd
+        y = m(x)
+    assert not y.requires_grad and torch.equal(y, got[0])
 
 
 # 3 x 7 tokens: padded to a multiple of 16 inside (_token_pad), which must change nothing

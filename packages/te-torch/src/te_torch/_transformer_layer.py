@@ -340,8 +340,10 @@ class TransformerLayer(torch.nn.Module):
         """residual + drop_path(dropout(branch + bias))."""
         if bias is not None and bias.numel():
             branch = branch + bias
-        branch = torch.nn.functional.dropout(branch, p=self.hidden_dropout, training=self.training)
-        if drop_path and self.drop_path_rate > 0 and self.training:
+        if not self.training:
+            return residual + branch
+        branch = torch.nn.functional.dropout(branch, p=self.hidden_dropout, training=True)
+        if drop_path and self.drop_path_rate > 0:
             keep = 1.0 - self.drop_path_rate
             bdim = 1 if self.attn_input_format == "sbhd" else 0
             shape = [1] * branch.dim()
