@@ -1,10 +1,11 @@
 """te's MoE permutation helpers on CUDA against the same calls on the CPU (which
 tests/torch/test_moe_permute.py checks against a loop reference), in bf16 at MoE-like and awkward
-sizes: mask and index maps, with probs, dropped and padded tokens, chunk sort, forward and
-gradients. Moved rows, probabilities and maps are bit-exact; sums (unpermute, permute's input
-gradient) are fp32 sums rounded to bf16 once, in another order on CUDA (index_add_'s atomics), so
-they are compared within bf16 tolerance. With num_out_tokens given nothing synchronizes with the
-host (torch.cuda.set_sync_debug_mode("error")); quantized inputs move their bytes on CUDA too."""
+sizes: mask and index maps, with probs, dropped and padded tokens, permute-and-pad to aligned
+expert groups, chunk sort, forward and gradients. Moved rows, probabilities and maps are
+bit-exact; sums (unpermute, permute's input gradient) are fp32 sums rounded to bf16 once, in
+another order on CUDA (index_add_'s atomics), so they are compared within bf16 tolerance. With
+num_out_tokens given nothing synchronizes with the host (torch.cuda.set_sync_debug_mode("error"));
+quantized inputs move their bytes on CUDA too."""
 
 from __future__ import annotations
 
@@ -80,6 +81,57 @@ def test_permute_unpermute_cuda_vs_cpu(map_type, case, mode):
     assert torch.equal(g_out.cpu(), out) and torch.equal(g_map.cpu(), row_id_map)
     if pp:
         assert torch.equal(g_pp[0].cpu(), pp[0]) and torch.equal(g_dprobs[0].cpu(), dprobs[0])
+    tol = dict(rtol=1.6e-2, atol=1.6e-2)
+    torch.testing.assert_close(g_back.cpu().float(), back.float(), **tol)
+    torch.testing.assert_close(g_dx.cpu().float(), dx.float(), **tol)
+    torch.testing.assert_close(g_dmerging.cpu(), dmerging, rtol=1e-4, atol=1e-3)
+
+
+def pad_step(x, table, probs, merging, counts, align, cots):
+    """permute and pad, an expert, unpermute with pad_offsets; outputs and gradients."""
+    x = x.clone().requires_grad_()
+    probs = probs.clone().requires_grad_()
+    merging = merging.clone().requires_grad_()
+    out, pp, row_id_map, pad_offsets, target = te.moe_permute_and_pad_with_probs(
+        x, probs, table, counts, align
+    )
+    y = out * 2 + 1  # an expert: pad rows become nonzero, unpermute must leave them out
+    back = te.moe_unpermute(y, row_id_map, merging, restore_shape=x.shape, pad_offsets=pad_offsets)
+    grads = torch.autograd.grad(
+        [out, pp, back], [x, probs, merging], [cots[0][: out.shape[0]], cots[1][: pp.shape[0]], cots[2]]
+    )
+    return [out, pp, row_id_map, pad_offsets, target, back], list(grads)
+
+
+@pytest.mark.parametrize("align", [16, 128])
+@pytest.mark.parametrize("case", list(CASES))
+def test_permute_and_pad_cuda_vs_cpu(case, align):
+    tokens, experts, hidden, topk = CASES[case]
+    table = routing(tokens, experts, topk, "mask", seed=tokens + align)
+    counts = table.sum(0)  # on the CPU for the CUDA call too: TE moves it to inp's device
+    rows = int(sum(-(-c // align) * align for c in counts.tolist()))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    probs = torch.rand(tokens, experts, generator=g) * table
+    merging = torch.rand(tokens, experts, generator=g)
+    cots = [
+        torch.randn(rows, hidden, generator=g).to(torch.bfloat16),
+        torch.randn(rows, generator=g),
+        torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
+    ]
+    on_cpu = pad_step(x, table, probs, merging, counts, align, cots)
+    on_gpu = pad_step(
+        *(v.to(CUDA) for v in (x, table, probs, merging)), counts, align, [c.to(CUDA) for c in cots]
+    )
+    (out, pp, row_id_map, pad_offsets, target, back), (dx, dprobs, dmerging) = on_cpu
+    (g_out, g_pp, g_map, g_offsets, g_target, g_back), (g_dx, g_dprobs, g_dmerging) = on_gpu
+    assert (
+        out.shape[0] == rows
+        and g_out.device.type == g_offsets.device.type == g_target.device.type == CUDA.type
+    )
+    for a, b in [(g_out, out), (g_pp, pp), (g_map, row_id_map), (g_offsets, pad_offsets), (g_target, target)]:
+        assert torch.equal(a.cpu(), b)
+    assert torch.equal(g_dprobs.cpu(), dprobs)
     tol = dict(rtol=1.6e-2, atol=1.6e-2)
     torch.testing.assert_close(g_back.cpu().float(), back.float(), **tol)
     torch.testing.assert_close(g_dx.cpu().float(), dx.float(), **tol)

@@ -629,3 +629,343 @@ def test_errors_name_the_argument(case):
     fn, exc, msg = _errors()[case]
     with pytest.raises(exc, match=msg):
         fn()
+
+
+# -- permute and pad ------------------------------------------------------------------------------
+
+
+def ref_padded_order(mask: list, align: int):
+    """(token, expert) of each padded row, None for a pad row (each expert's tokens, then pad rows
+    until its group's size is a multiple of align), the padded counts and the pad offsets (the
+    pad rows before each expert's group)."""
+    order, target, offsets, pads = [], [], [], 0
+    for e in range(len(mask[0]) if mask else E):
+        group = [(t, e) for t in range(len(mask)) if mask[t][e]]
+        size = len(group)
+        while size % align:
+            size += 1
+        offsets.append(pads)
+        pads += size - len(group)
+        order += group + [None] * (size - len(group))
+        target.append(size)
+    return order, target, offsets
+
+
+def ref_permute_padded(x, probs, order):
+    """The padded rows and probs of x64 [T, H] (differentiable, fp64): zero rows and zero probs
+    for pad rows, a zero row for a routed slot of probability 0."""
+    zero = x.new_zeros(x.shape[1])
+    rows, pp = [], []
+    for item in order:
+        if item is None:
+            rows.append(zero)
+            pp.append(probs.new_zeros(()))
+            continue
+        t, e = item
+        rows.append(zero if float(probs[t, e].detach()) == 0.0 else x[t])
+        pp.append(probs[t, e])
+    if not rows:
+        return x.new_zeros(0, x.shape[1]), probs.new_zeros(0)
+    return torch.stack(rows), torch.stack(pp)
+
+
+def ref_unpermute_padded(y, order, num_tokens, merging):
+    """out[t] = sum of merging[t, e] * y[r] over the rows r = (t, e) of token t; pad rows left out."""
+    out = [y.new_zeros(y.shape[1]) for _ in range(num_tokens)]
+    for r, item in enumerate(order):
+        if item is not None:
+            t, e = item
+            out[t] = out[t] + merging[t, e] * y[r]
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("align", [1, 3, 4, 16])
+@pytest.mark.parametrize("topk", [1, 3])
+def test_permute_and_pad_matches_the_reference(topk, align, dtype):
+    seed = 31 * topk + align + DTYPES.index(dtype)
+    table, rows = routing("mask", topk, seed)
+    order, target, offsets = ref_padded_order(rows, align)
+    n = len(order)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype).requires_grad_()
+    probs = router_probs(rows, "mask", dtype, seed=seed + 1, zero_slot=True).requires_grad_()
+    x64, p64 = (v.detach().double().requires_grad_() for v in (x, probs))
+    counts = table.sum(0).to([torch.int64, torch.int32][align % 2])
+
+    out, pp, row_id_map, pad_offsets, target_got = te.moe_permute_and_pad_with_probs(
+        x, probs, table, counts, align
+    )
+    ref_out, ref_pp = ref_permute_padded(x64, p64, order)
+    assert out.shape == (n, H) and out.dtype == dtype and pp.shape == (n,) and pp.dtype == dtype
+    assert torch.equal(out.double(), ref_out), "padded rows"
+    assert torch.equal(pp.double(), ref_pp), "padded probs"
+    pad = torch.tensor([item is None for item in order], dtype=torch.bool)
+    assert not out[pad].any() and not pp[pad].any(), "pad rows and their probs are zeros"
+    assert target_got.dtype == torch.int64 and target_got.tolist() == target
+    if n == int(table.sum()):
+        assert pad_offsets is None, "no group needs padding: no offsets (TE's None)"
+    else:
+        assert pad_offsets.dtype == torch.int64 and pad_offsets.tolist() == offsets
+    assert torch.equal(row_id_map, te.moe_permute_with_probs(x, probs, table)[2]), "the unpadded map"
+
+    cots = [torch.randn(n, H, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)]
+    got = grads([out, pp], [x, probs], cots)
+    want = grads([ref_out, ref_pp], [x64, p64], [c.double() for c in cots])
+    for a, b, name in zip(got, want, ["d inp", "d probs"], strict=True):
+        close(a, b, dtype, f"{name} (permute and pad)")
+
+    # unpermute of other rows through the padded layout; pad rows are left out
+    y = torch.randn(n, H, generator=g).to(dtype).requires_grad_()
+    merging = router_probs(rows, "mask", torch.float32, seed=seed + 2).requires_grad_()
+    y64, m64 = (v.detach().double().requires_grad_() for v in (y, merging))
+    back = te.moe_unpermute(y, row_id_map, merging, restore_shape=x.shape, pad_offsets=pad_offsets)
+    want = ref_unpermute_padded(y64, order, T, m64)
+    assert back.shape == (T, H) and back.dtype == dtype
+    close(back, want, dtype, "unpermute with pad_offsets")
+    cot = torch.randn(T, H, generator=g).to(dtype)
+    gy, gm = grads([back], [y, merging], [cot])
+    gy_ref, gm_ref = grads([want], [y64, m64], [cot.double()])
+    close(gy, gy_ref, dtype, "d inp (unpermute with pad_offsets)")
+    close(gm, gm_ref, dtype, "d merging_probs (unpermute with pad_offsets)")
+    assert not gy[pad].any(), "pad rows take no gradient"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("align", [2, 8])
+def test_padded_round_trip_equals_the_unpadded_path(align, dtype):
+    table, rows = routing("mask", 2, seed=40 + align)
+    g = torch.Generator().manual_seed(align)
+    x0 = torch.randn(T, H, generator=g).to(dtype)
+    p0 = router_probs(rows, "mask", torch.float32, seed=41, zero_slot=True)
+    m0 = router_probs(rows, "mask", torch.float32, seed=42)
+    cot = torch.randn(T, H, generator=g).to(dtype)
+
+    def run(padded: bool):
+        x, probs, merging = (v.clone().requires_grad_() for v in (x0, p0, m0))
+        pad_offsets = None
+        if padded:
+            out, pp, row_id_map, pad_offsets, _ = te.moe_permute_and_pad_with_probs(
+                x, probs, table, table.sum(0), align
+            )
+        else:
+            out, pp, row_id_map = te.moe_permute_with_probs(x, probs, table)
+        y = (out * 2 + 1) * pp.unsqueeze(-1).to(dtype) + 0.5  # an expert: pad rows become nonzero
+        back = te.moe_unpermute(y, row_id_map, merging, restore_shape=x.shape, pad_offsets=pad_offsets)
+        gx, gp, gm = torch.autograd.grad(back, [x, probs, merging], cot)
+        return back, gx, gp, gm, (y, row_id_map, pad_offsets)
+
+    *padded, (y, row_id_map, pad_offsets) = run(True)
+    *plain, _ = run(False)
+    assert pad_offsets is not None and y.shape[0] > int(table.sum()), "some group is padded"
+    for a, b, name in zip(padded, plain, ["output", "d inp", "d probs", "d merging_probs"], strict=True):
+        assert torch.equal(a, b), name
+    # without the offsets the same rows are read from the wrong places
+    assert not torch.equal(te.moe_unpermute(y.detach(), row_id_map, m0), padded[0])
+
+
+def test_align_size_one_or_aligned_counts_pad_nothing():
+    table, rows = routing("mask", 3, seed=50)
+    x = torch.randn(T, H)
+    probs = router_probs(rows, "mask", torch.float32, seed=51)
+    want = te.moe_permute_with_probs(x, probs, table)
+    out, pp, row_id_map, pad_offsets, target = te.moe_permute_and_pad_with_probs(
+        x, probs, table, table.sum(0), 1
+    )
+    assert pad_offsets is None and torch.equal(target, table.sum(0))
+    for a, b in zip((out, pp, row_id_map), want, strict=True):
+        assert torch.equal(a, b)
+    # counts already multiples of align_size: nothing to pad either; one short of it: pad rows
+    full = torch.ones(4, 3, dtype=torch.bool)
+    x4, p4 = torch.randn(4, H), torch.full((4, 3), 1 / 3)
+    for align, offsets in [(2, None), (4, None), (3, [0, 2, 4]), (5, [0, 1, 2])]:
+        out, _, _, pad_offsets, target = te.moe_permute_and_pad_with_probs(x4, p4, full, full.sum(0), align)
+        size = -(-4 // align) * align
+        assert target.tolist() == [size] * 3 and out.shape == (3 * size, H)
+        assert (pad_offsets is None) == (offsets is None)
+        assert offsets is None or pad_offsets.tolist() == offsets
+
+
+def test_permute_and_pad_gradcheck_fp64():
+    table, rows = routing("mask", 2, seed=52, num_tokens=7)
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    probs = router_probs(rows, "mask", torch.float64, seed=53).requires_grad_()
+    merging = router_probs(rows, "mask", torch.float64, seed=54).requires_grad_()
+
+    def f(x, probs, merging):
+        out, pp, row_id_map, pad_offsets, _ = te.moe_permute_and_pad_with_probs(
+            x, probs, table, table.sum(0), 4
+        )
+        return te.moe_unpermute(out * pp.unsqueeze(-1), row_id_map, merging, pad_offsets=pad_offsets)
+
+    assert torch.autograd.gradcheck(f, (x, probs, merging))
+
+
+def test_permute_and_pad_empty_inputs():
+    for tokens, experts, hidden in [(0, E, H), (4, E, 0), (4, 0, H), (0, 0, 0)]:
+        x = torch.randn(tokens, hidden, requires_grad=True)
+        probs = torch.zeros(tokens, experts, requires_grad=True)
+        table = torch.zeros(tokens, experts, dtype=torch.bool)
+        out, pp, row_id_map, pad_offsets, target = te.moe_permute_and_pad_with_probs(
+            x, probs, table, table.sum(0), 16
+        )
+        assert out.shape == (0, hidden) and pp.shape == (0,) and pad_offsets is None
+        assert target.shape == (experts,) and row_id_map.shape == table.shape
+        back = te.moe_unpermute(out, row_id_map, probs, restore_shape=x.shape)
+        assert back.shape == (tokens, hidden)
+        (back.sum() + pp.sum()).backward()
+        assert x.grad.shape == x.shape and probs.grad.shape == probs.shape
+
+
+def test_permute_and_pad_reads_the_row_count_on_the_host_and_returns_on_inps_device():
+    # TE moves tokens_per_expert to inp's device (here: the meta device, read on the host)
+    table, rows = routing("mask", 2, seed=55)
+    x = torch.randn(T, H, device="meta")
+    probs = torch.rand(T, E, device="meta")
+    with pytest.raises(RuntimeError, match="meta"):  # the padded row count is read on the host
+        te.moe_permute_and_pad_with_probs(x, probs, table.to("meta"), table.sum(0), 4)
+    x, probs = torch.randn(T, H), router_probs(rows, "mask", torch.float32, seed=56)
+    *_, pad_offsets, target = te.moe_permute_and_pad_with_probs(x, probs, table, table.sum(0).int(), 4)
+    assert pad_offsets.device == target.device == x.device
+
+
+@pytest.mark.parametrize("name", ["current", "block1d", "mxfp8", "nvfp4"])
+def test_permute_and_pad_moves_quantized_rows(name):
+    table, rows = routing("mask", 2, seed=57, num_tokens=TQ)
+    order, _, _ = ref_padded_order(rows, 16)
+    x = (torch.randn(TQ, HQ) * 4.0 ** (torch.arange(TQ) % 6).unsqueeze(-1)).to(torch.bfloat16)
+    q = QUANTIZERS[name]()(x)
+    probs = router_probs(rows, "mask", torch.float32, seed=58)
+    out, pp, row_id_map, pad_offsets, _ = te.moe_permute_and_pad_with_probs(q, probs, table, table.sum(0), 16)
+    assert type(out) is type(q) and out.shape == (len(order), HQ)
+    data, scales = row_parts(q)
+    out_data, out_scales = row_parts(out)
+    for r, item in enumerate(order):
+        if item is None:
+            assert not out_data[r].any(), r
+            continue
+        assert torch.equal(out_data[r], data[item[0]]), r
+        if scales is not None:
+            assert torch.equal(out_scales[r], scales[item[0]]), r
+    plain = te.moe_permute_and_pad_with_probs(q.dequantize(), probs, table, table.sum(0), 16)
+    assert torch.equal(out.dequantize(), plain[0]) and torch.equal(pp, plain[1])
+    merged = te.moe_unpermute(out, row_id_map, probs, pad_offsets=pad_offsets)
+    assert torch.equal(merged, te.moe_unpermute(plain[0], row_id_map, probs, pad_offsets=pad_offsets))
+
+
+def test_permute_and_pad_te_signature():
+    assert "moe_permute_and_pad_with_probs" in te.__all__
+    table, rows = routing("mask", 2, seed=59)
+    x, probs = torch.randn(T, H), router_probs(rows, "mask", torch.float32, seed=60)
+    by_name = te.moe_permute_and_pad_with_probs(
+        inp=x, probs=probs, routing_map=table, tokens_per_expert=table.sum(0), align_size=8
+    )
+    assert len(by_name) == 5
+    for a, b in zip(
+        by_name, te.moe_permute_and_pad_with_probs(x, probs, table, table.sum(0), 8), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def _pad_errors():
+    x = torch.randn(5, 4)
+    mask = torch.tensor([[1, 0, 1]] * 4 + [[0, 1, 1]], dtype=torch.bool)
+    probs = torch.rand(5, 3) * mask
+    counts = mask.sum(0)  # [4, 1, 5]
+    PP, U = te.moe_permute_and_pad_with_probs, te.moe_unpermute
+    out, _, row_id_map, pad_offsets, _ = PP(x, probs, mask, counts, 4)  # 16 rows, offsets [0, 0, 3]
+    owner = "moe_permute_and_pad_with_probs"
+    return [
+        (
+            lambda: PP(x, probs, mask, counts, 0),
+            ValueError,
+            rf"{owner}: align_size: expected an int >= 1 \(the row multiple of each expert's group\), got 0",
+        ),
+        (lambda: PP(x, probs, mask, counts, -16), ValueError, f"{owner}: align_size: expected an int >= 1"),
+        (
+            lambda: PP(x, probs, mask, counts, 16.0),
+            TypeError,
+            rf"{owner}: align_size: expected an int \(the row multiple of each expert's group\), got float",
+        ),
+        (
+            lambda: PP(x, probs, mask, counts[:2], 4),
+            ValueError,
+            rf"{owner}: tokens_per_expert: expected shape \[3\] \(one count per expert, routing_map.sum\(0\)\), got \(2,\)",
+        ),
+        (
+            lambda: PP(x, probs, mask, counts[None], 4),
+            ValueError,
+            rf"{owner}: tokens_per_expert: expected shape \[3\] .*, got \(1, 3\)",
+        ),
+        (
+            lambda: PP(x, probs, mask, counts.float(), 4),
+            TypeError,
+            rf"{owner}: tokens_per_expert: expected an integer tensor \(routing_map.sum\(0\)\), got torch.float32",
+        ),
+        (
+            lambda: PP(x, probs, mask, counts.tolist(), 4),
+            TypeError,
+            f"{owner}: tokens_per_expert: expected a torch.Tensor, got list",
+        ),
+        (
+            lambda: PP(x, probs, mask, torch.tensor([4, 2, 4]), 4),
+            ValueError,
+            rf"{owner}: tokens_per_expert: expected each expert's routed token count \(routing_map.sum\(0\)\); "
+            "expert 1 has 1, got 2",
+        ),
+        (
+            lambda: PP(x, probs, mask, torch.tensor([4, 1, -5]), 4),
+            ValueError,
+            "expert 2 has 5, got -5",
+        ),
+        (
+            lambda: PP(x, probs[:, :2], mask, counts, 4),
+            ValueError,
+            rf"{owner}: probs: expected shape \[5, 3\] \(routing_map's shape\), got \(5, 2\)",
+        ),
+        (lambda: PP(x, None, mask, counts, 4), TypeError, f"{owner}: probs: expected a torch.Tensor"),
+        (lambda: PP(x, probs, mask.float(), counts, 4), TypeError, f"{owner}: routing_map: expected a bool"),
+        (lambda: PP(x, probs, mask[:4], counts, 4), ValueError, f"{owner}: routing_map: expected a"),
+        (
+            lambda: U(out, row_id_map, pad_offsets=pad_offsets[:2]),
+            ValueError,
+            r"moe_unpermute: pad_offsets: expected shape \[3\] \(one offset per expert, row_id_map's columns\), got \(2,\)",
+        ),
+        (
+            lambda: U(out, row_id_map, pad_offsets=pad_offsets.float()),
+            TypeError,
+            r"moe_unpermute: pad_offsets: expected an integer tensor \(moe_permute_and_pad_with_probs's\), got torch.float32",
+        ),
+        (
+            lambda: U(out, row_id_map, pad_offsets=-pad_offsets),
+            ValueError,
+            "moe_unpermute: pad_offsets: expected offsets >= 0, got -3",
+        ),
+        (
+            lambda: U(out, row_id_map, pad_offsets=pad_offsets.tolist()),
+            TypeError,
+            "moe_unpermute: pad_offsets: expected a torch.Tensor, got list",
+        ),
+        (
+            lambda: U(out, row_id_map, pad_offsets=pad_offsets.to("meta")),
+            ValueError,
+            r"moe_unpermute: pad_offsets: expected a tensor on cpu \(inp's device\), got one on meta",
+        ),
+        (
+            lambda: U(out, row_id_map, pad_offsets=pad_offsets, map_type="index"),
+            ValueError,
+            "moe_unpermute: pad_offsets: expected None with map_type='index'",
+        ),
+        (
+            lambda: U(out[:12], row_id_map, pad_offsets=pad_offsets),
+            ValueError,
+            r"moe_unpermute: inp: expected the 13\+ rows moe_permute made \(num_out_tokens\), got 12",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_pad_errors())))
+def test_permute_and_pad_errors_name_the_argument(case):
+    fn, exc, msg = _pad_errors()[case]
+    with pytest.raises(exc, match=msg):
+        fn()

@@ -20,8 +20,9 @@ This slice provides TE's quantizers and quantized tensors:
   mixture-of-experts layer's experts), each GEMM a te.Linear step with its own recipe state;
   ``Fp8Padding`` / ``Fp8Unpadding`` pad each group's rows to the recipe's alignment and back;
   ``moe_permute`` / ``moe_permute_with_probs`` / ``moe_unpermute`` group tokens by expert and
-  merge them back, ``moe_sort_chunks_by_index`` (``_with_probs``) reorders chunks of rows
-  (TE's MoE permutation helpers);
+  merge them back, ``moe_permute_and_pad_with_probs`` also pads each expert's group to an aligned
+  size, ``moe_sort_chunks_by_index`` (``_with_probs``) reorders chunks of rows (TE's MoE
+  permutation helpers);
 - ``make_graphed_callables``: modules (or models of them) captured as CUDA graphs, the FP8
   recipe and its scaling updates inside the graphs;
 - ``CudaRNGStatesTracker``: Megatron's named RNG states (``get_rng_state_tracker``'s tracker);
@@ -78,6 +79,7 @@ from te_torch._linear import Linear as Linear
 from te_torch._model_init import fp8_model_init as fp8_model_init
 from te_torch._model_init import quantized_model_init as quantized_model_init
 from te_torch._moe_permute import moe_permute as moe_permute
+from te_torch._moe_permute import moe_permute_and_pad_with_probs as moe_permute_and_pad_with_probs
 from te_torch._moe_permute import moe_permute_with_probs as moe_permute_with_probs
 from te_torch._moe_permute import moe_sort_chunks_by_index as moe_sort_chunks_by_index
 from te_torch._moe_permute import moe_sort_chunks_by_index_with_probs as moe_sort_chunks_by_index_with_probs
@@ -122,6 +124,7 @@ __all__ = [
     "Fp8Unpadding",
     "moe_permute",
     "moe_permute_with_probs",
+    "moe_permute_and_pad_with_probs",
     "moe_unpermute",
     "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs",

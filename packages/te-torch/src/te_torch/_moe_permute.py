@@ -1,7 +1,7 @@
 """TE's mixture-of-experts token permutation helpers (``transformer_engine.pytorch``'s
-``moe_permute``, ``moe_permute_with_probs``, ``moe_unpermute``, ``moe_sort_chunks_by_index`` and
-``moe_sort_chunks_by_index_with_probs``), with TE's names, arguments and defaults; Megatron-LM calls
-them with ``moe_permute_fusion=True``.
+``moe_permute``, ``moe_permute_with_probs``, ``moe_permute_and_pad_with_probs``, ``moe_unpermute``,
+``moe_sort_chunks_by_index`` and ``moe_sort_chunks_by_index_with_probs``), with TE's names,
+arguments and defaults; Megatron-LM calls them with ``moe_permute_fusion=True``.
 
 The permuted order (TE's): rows grouped by expert in ascending expert order, each expert's rows in
 ascending token order (an index map's slots of one token naming the same expert, by slot). A
@@ -18,11 +18,18 @@ Everything is index arithmetic in torch ops on the inputs' device (a cumulative 
 ``index_add_`` where rows are summed (a token's expert outputs, a token's row gradients), in
 permuted-row order as TE's kernels sum. No Python loop runs over tokens and no device value is
 read on the host, but for a mask map with ``num_out_tokens=-1`` (the output's row count is the
-routed count). Argument values that only the device knows (index ranges, chunk sizes) are checked
-for CPU tensors only, where reading them costs no synchronization.
+routed count) and in ``moe_permute_and_pad_with_probs`` (the padded row count, as in TE). Argument
+values that only the device knows (index ranges, chunk sizes) are checked for CPU tensors only,
+where reading them costs no synchronization.
 
-Quantized inputs: ``moe_permute`` / ``moe_permute_with_probs`` / ``moe_sort_chunks_by_index*``
-move the rows of a te quantized tensor's row-wise copy and its row-wise scales, exactly (the same
+Padding (``moe_permute_and_pad_with_probs``): each expert's group of rows is followed by zero rows
+up to a multiple of ``align_size``; ``pad_offsets[e]`` is the padding rows before expert e's group
+(the pads of experts 0..e-1), so a slot's padded row is its ``row_id_map`` row plus its expert's
+offset. ``row_id_map`` stays the unpadded one (``moe_permute_with_probs``'s), as in TE, and
+``moe_unpermute(..., pad_offsets=)`` adds the offsets back.
+
+Quantized inputs: ``moe_permute*`` (with probs, padded) and ``moe_sort_chunks_by_index*`` move
+the rows of a te quantized tensor's row-wise copy and its row-wise scales, exactly (the same
 bytes): ``Float8Tensor`` (its scale shared; a tensor with only the transposed copy is read through
 it), ``Float8BlockwiseQTensor`` with 1x128 blocks, ``MXFP8Tensor`` and ``NVFP4Tensor`` with 1-D
 blocks (NVFP4's global amaxes kept). The result has the row-wise copy only, as TE's: column-wise
@@ -47,6 +54,7 @@ from te_torch._quantized_tensor import QuantizedTensor
 __all__ = [
     "moe_permute",
     "moe_permute_with_probs",
+    "moe_permute_and_pad_with_probs",
     "moe_unpermute",
     "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs",
@@ -491,6 +499,120 @@ def moe_permute_with_probs(
     return _permute(owner, inp, probs, routing_map, num_out_tokens, "mask")
 
 
+def _padded_layout(owner, routing_map, tokens_per_expert, align: int, device):
+    """(row_id_map, row_token, row_slot, pad_offsets, target) of the padded layout: the unpadded
+    rows (``_mask_rows``), each moved down by its expert's pad offset, pad rows without a token.
+    The one host read: the routed and padded row counts and the check of tokens_per_expert."""
+    t, e = routing_map.shape
+    routed = routing_map if routing_map.dtype == torch.bool else routing_map != 0
+    counts = routed.sum(0)
+    tpe = tokens_per_expert.to(device=device, dtype=torch.long, non_blocking=True)
+    target = (tpe + (align - 1)).div(align, rounding_mode="floor") * align
+    pad = target - tpe
+    wrong = tpe != counts
+    num_routed, num_out, num_wrong, num_pad = torch.stack(
+        [counts.sum(), target.sum(), wrong.sum(), pad.sum()]
+    ).tolist()  # the synchronization: the output's row count (TE's .item())
+    if num_wrong:
+        ex = int(wrong.nonzero()[0, 0])
+        raise ValueError(
+            f"{owner}: tokens_per_expert: expected each expert's routed token count "
+            f"(routing_map.sum(0)); expert {ex} has {int(counts[ex])}, got {int(tpe[ex])}"
+        )
+    row_id_map, row_token, row_slot, _ = _mask_rows(routing_map, num_routed)
+    if num_pad == 0:  # every group aligned already: TE returns no pad_offsets
+        return row_id_map, row_token, row_slot, None, target
+    pad_offsets = pad.cumsum(0) - pad
+    dest = torch.arange(num_routed, device=device) + pad_offsets.index_select(0, row_slot % e)
+    token = torch.full((num_out,), t, dtype=torch.long, device=device).index_copy_(0, dest, row_token)
+    slot = torch.full((num_out,), -1, dtype=torch.long, device=device).index_copy_(0, dest, row_slot)
+    return row_id_map, token, slot, pad_offsets, target
+
+
+def moe_permute_and_pad_with_probs(
+    inp: torch.Tensor,
+    probs: torch.Tensor,
+    routing_map: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    align_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``moe_permute_with_probs`` with each expert's group of rows padded with zero rows (and zero
+    probabilities) up to a multiple of ``align_size``, so grouped / FP8 GEMMs get aligned group
+    sizes (TE's ``moe_permute_and_pad_with_probs``: ``moe_permute_with_probs`` and ``Fp8Padding``
+    in one). Returns ``(permuted, permuted_probs, row_id_map, pad_offsets,
+    target_tokens_per_expert)``.
+
+    Args:
+        inp: ``[num_tokens, hidden_size]`` tokens, as for ``moe_permute`` (quantized too).
+        probs: ``[num_tokens, num_experts]`` floating router probabilities.
+        routing_map: ``[num_tokens, num_experts]`` bool or integer mask.
+        tokens_per_expert: ``[num_experts]`` integer tensor, each expert's routed token count
+            (``routing_map.sum(0)``; any device); checked against ``routing_map``.
+        align_size: int >= 1, the row multiple of each expert's group.
+
+    Returns:
+        ``permuted`` ``[sum(target_tokens_per_expert), hidden_size]``: expert e's rows (token
+        order), then its zero pad rows, then expert e + 1's; ``permuted_probs`` likewise (0 on pad
+        rows); ``row_id_map``, the unpadded one (``moe_permute_with_probs``'s); ``pad_offsets``
+        (int64 ``[num_experts]``, the pad rows before each expert's group) or None when no group
+        needs padding; ``target_tokens_per_expert`` (int64 ``[num_experts]``, the padded counts).
+        Pass ``pad_offsets`` to ``moe_unpermute`` with ``row_id_map``. The padded row count is read
+        from the device (one synchronization, as in TE). Pad rows take no gradient.
+    """
+    owner = "moe_permute_and_pad_with_probs"
+    _check_inp(owner, inp)
+    _tensor(owner, "probs", probs)
+    routing_map = _check_routing_map(owner, routing_map, inp.shape[0], inp.device, "mask")
+    _check_probs(owner, "probs", probs, tuple(routing_map.shape), inp.device, "routing_map's shape")
+    _tensor(owner, "tokens_per_expert", tokens_per_expert)
+    dt = tokens_per_expert.dtype
+    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        raise TypeError(
+            f"{owner}: tokens_per_expert: expected an integer tensor (routing_map.sum(0)), got {dt}"
+        )
+    num_experts = routing_map.shape[1]
+    if tuple(tokens_per_expert.shape) != (num_experts,):
+        raise ValueError(
+            f"{owner}: tokens_per_expert: expected shape [{num_experts}] (one count per expert, "
+            f"routing_map.sum(0)), got {tuple(tokens_per_expert.shape)}"
+        )
+    align = _int(owner, "align_size", align_size, "the row multiple of each expert's group")
+    if align < 1:
+        raise ValueError(
+            f"{owner}: align_size: expected an int >= 1 (the row multiple of each expert's group), "
+            f"got {align}"
+        )
+    row_id_map, row_token, row_slot, pad_offsets, target = _padded_layout(
+        owner, routing_map, tokens_per_expert, align, inp.device
+    )
+    out, permuted_probs = _Permute.apply(inp, probs, row_token, row_slot, True, owner)
+    return out, permuted_probs, row_id_map, pad_offsets, target
+
+
+def _padded_rows(owner, row_id_map, pad_offsets, device, map_type: str) -> torch.Tensor:
+    """row_id_map with each kept slot's row moved down by its expert's pad offset."""
+    _tensor(owner, "pad_offsets", pad_offsets, device)
+    if map_type != "mask":
+        raise ValueError(
+            f"{owner}: pad_offsets: expected None with map_type='index' (moe_permute_and_pad_with_probs "
+            "pads mask-map permutations only)"
+        )
+    dt = pad_offsets.dtype
+    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        raise TypeError(
+            f"{owner}: pad_offsets: expected an integer tensor (moe_permute_and_pad_with_probs's), got {dt}"
+        )
+    num_experts = row_id_map.shape[1]
+    if tuple(pad_offsets.shape) != (num_experts,):
+        raise ValueError(
+            f"{owner}: pad_offsets: expected shape [{num_experts}] (one offset per expert, row_id_map's "
+            f"columns), got {tuple(pad_offsets.shape)}"
+        )
+    if _host_values(pad_offsets) and pad_offsets.numel() and int(pad_offsets.min()) < 0:
+        raise ValueError(f"{owner}: pad_offsets: expected offsets >= 0, got {int(pad_offsets.min())}")
+    return torch.where(row_id_map >= 0, row_id_map.long() + pad_offsets.long(), -1)
+
+
 def moe_unpermute(
     inp: torch.Tensor,
     row_id_map: torch.Tensor,
@@ -498,6 +620,7 @@ def moe_unpermute(
     restore_shape: torch.Size | None = None,
     map_type: str = "mask",
     probs: torch.Tensor | None = None,
+    pad_offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sums each token's permuted rows back into its place, weighted by ``merging_probs`` (TE's
     ``moe_unpermute``): ``out[t] = sum_e merging_probs[t, e] * inp[row of (t, e)]`` over the
@@ -513,6 +636,8 @@ def moe_unpermute(
         map_type: ``"mask"`` or ``"index"``; te's ``row_id_map`` records what it needs, so it is
             only checked.
         probs: the old name of ``merging_probs`` (deprecated, as in TE).
+        pad_offsets: ``moe_permute_and_pad_with_probs``'s (mask map only): each expert's rows sit
+            that many rows further down in ``inp``; its pad rows are left out (no gradient).
 
     Returns:
         ``[num_tokens, hidden_size]`` in inp's dtype; tokens with no kept slot are zeros.
@@ -544,6 +669,8 @@ def moe_unpermute(
         _check_probs(
             owner, "merging_probs", merging_probs, (num_tokens, slots), inp.device, f"[num_tokens, {what}]"
         )
+    if pad_offsets is not None:
+        row_id_map = _padded_rows(owner, row_id_map, pad_offsets, inp.device, map_type)
     if _host_values(row_id_map) and row_id_map.numel() and int(row_id_map.max()) >= inp.shape[0]:
         raise ValueError(
             f"{owner}: inp: expected the {int(row_id_map.max()) + 1}+ rows moe_permute made "
