@@ -1,13 +1,14 @@
 """Autoregressive decoding (decode=True, the KV cache in the "cache" collection) through
 te_jax.flax.MultiHeadAttention and a 2-layer stack of TransformerLayers on the CPU backend.
 
-The oracle is the module itself without decode: fed one token per call after a first
-decode=True call sized the cache (model.init or apply on a full-length dummy input), the
-outputs at every position equal the full-sequence causal forward's in fp32 (that forward is
-checked against plain references in test_flax_attention.py / test_flax_transformer.py). The
-cache's collection has TE's structure, names, shapes and dtypes, derived here from each
-module's configuration; its keys are the projected (rotated) keys. Error paths name the
-argument.
+The oracle is the module itself without decode: fed one token per call, or several per call
+in varying chunks (chunked prefill), after a first decode=True call sized the cache (model.init
+or apply on a full-length dummy input), the outputs at every position equal the full-sequence
+causal forward's in fp32 (that forward is checked against plain references in
+test_flax_attention.py / test_flax_transformer.py); under 'no_mask' / 'padding' a step's equal
+the forward over the tokens cached by the step's end. The cache's collection has TE's
+structure, names, shapes and dtypes, derived here from each module's configuration; its keys
+are the projected (rotated) keys. Error paths name the argument.
 
 Run: PYTHONPATH=packages/te-core/src:packages/te-jax/src pytest tests/jax/test_flax_decode.py
 """
@@ -306,11 +307,12 @@ def test_decode_errors_name_the_argument():
     model = MultiHeadAttention(HEAD_DIM, HEADS, num_gqa_groups=2)
     one = _x((B, 1, HIDDEN), seed=2)
     params, cache = _params(model, one, one), _cache(2, 1)
-    with pytest.raises(ValueError, match=r"inputs_q: decode=True with a filled cache takes one token per row and "
-                       r"call \(as TE\): expected \[b, 1, hidden\] = \[2, 1, \*\] \(b from the cache\), got shape "
-                       r"\(2, 3, 32\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: the 'cache' holds 3 tokens per row and cache_index=1: "
+                       r"a step of n=3 tokens would write past its end \(cache_index \+ n = 4 > 3\)"):  # fmt: skip
         _step(model, params, cache, _x((B, 3, HIDDEN)))
-    with pytest.raises(ValueError, match=r"inputs_q: .* expected \[b, 1, hidden\] = \[2, 1, \*\]"):
+    with pytest.raises(ValueError, match=r"inputs_q: decode=True with a filled cache takes a step of n >= 1 tokens "
+                       r"per row: expected \[b, n, hidden\] = \[2, n, \*\] \(b from the cache\), got shape "
+                       r"\(1, 1, 32\)"):  # fmt: skip
         _step(model, params, cache, one[:1])  # another batch size
     with pytest.raises(ValueError, match=r"inputs_kv: .* got shape \(2, 3, 32\)"):
         _step(model, params, cache, one, other=_x((B, 3, HIDDEN)))
@@ -321,7 +323,8 @@ def test_decode_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"decode=True writes the step's key and value into the 'cache' "
                        r"collection; call apply\(\.\.\., mutable=\['cache'\]\)"):  # fmt: skip
         model.apply({"params": params, "cache": cache}, one, one, decode=True)
-    with pytest.raises(ValueError, match="the 'cache' holds 3 tokens per row and cache_index=3: it is full"):
+    with pytest.raises(ValueError, match=r"the 'cache' holds 3 tokens per row and cache_index=3: a step of n=1 "
+                       r"tokens would write past its end \(cache_index \+ n = 4 > 3\)"):  # fmt: skip
         _step(model, params, _cache(2, 3), one)
     # jitted, the index is traced: a step past the end says so with NaNs, one within does not
     outs = jax.jit(lambda caches: [_step(model, params, c, one)[0][0] for c in caches])(
@@ -338,15 +341,15 @@ def test_decode_mask_and_bias_errors():
     def step(**kw):
         return jax.jit(lambda t: _step(model, params, cache, t, **kw))(one)
 
-    with pytest.raises(
-        ValueError, match=r"mask: a decode step takes a boolean mask \[b, 1, 1, L\] = \[2, 1, 1, 3\]"
-    ):
+    with pytest.raises(ValueError, match=r"mask: a decode step takes a boolean mask \[b, 1, 1 or n or L, L\] "
+                       r"\(n=1 the step's tokens, L=3 the cache's length; True = masked out\)"):  # fmt: skip
         step(mask=SequenceDescriptor.from_seqlens(jnp.array([3, 2])))
-    with pytest.raises(ValueError, match=r"mask: expected in a decode step \[b, 1, 1 or L, L\] \(L the cache's "
-                       r"length\) = \(2, 1, 3, 3\), got shape \(2, 1, 1, 5\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"mask: expected in a decode step \[b, 1, 1 or n or L, L\] \(n the step's "
+                       r"tokens, L the cache's length; here n=1\) = \(2, 1, 3, 3\), got shape \(2, 1, 1, 5\)"):  # fmt: skip
         step(mask=jnp.zeros((B, 1, 1, 5), bool))
     with pytest.raises(
-        ValueError, match=r"bias: expected in a decode step \[b, h, 1 or L, L\] .* got shape \(1, 4, 2, 3\)"
+        ValueError,
+        match=r"bias: expected in a decode step \[b, h, 1 or n or L, L\] .* got shape \(1, 4, 2, 3\)",
     ):
         step(mask=full, bias=jnp.zeros((1, HEADS, 2, 3)))
 
@@ -386,3 +389,241 @@ def test_max_decode_length_must_be_the_cache_length_in_steps():
         ValueError, match=r"max_decode_length: expected None or 3 \(the cache's length\), got 4"
     ):
         layer.apply(variables, one, enc, None, emask, True, True, 4, mutable=["cache"])
+
+
+# ---- steps of several tokens per row (chunked prefill, speculative verification) ----
+# After the cache-creating call, a step takes n >= 1 tokens per row: written at cache_index..
+# cache_index+n-1, query i attending to 0..cache_index+i (causal types). Oracle as above: the
+# module's full forward, at the step's positions.
+
+SCHEDULES = {  # tokens per step, summing to L: a prompt's chunks then varying steps
+    "prefill3_1_2_1": (3, 1, 2, 1),
+    "1_3_1_2": (1, 3, 1, 2),
+    "whole": (L,),
+}
+# (case, schedule, jitted): every case jitted (cache_index traced) in two schedules; one case as a
+# single whole-length step and one eagerly (cache_index concrete; op by op, so slow on the CPU)
+MHA_RUNS = [(c, s, True) for s in ("prefill3_1_2_1", "1_3_1_2") for c in MHA_CASES] + [
+    ("padding_causal_mask_and_bias", "whole", True),
+    ("sbhd_gqa_rope_alternate", "prefill3_1_2_1", False),
+]
+STACK_RUNS = [(c, "1_3_1_2", True) for c in STACK_CASES] + [("gqa_rope_rmsnorm", "prefill3_1_2_1", False)]
+
+
+def _ids(runs):
+    return [f"{c}-{s}-{'jit' if j else 'eager'}" for c, s, j in runs]
+
+
+def decode_chunks(apply_step, cache, x, sizes, tbs):
+    """apply_step(cache, chunk, start) -> (out, new cache) over x's tokens in steps of ``sizes``
+    tokens per row (``start``: the chunk's first position, static); the outputs concatenated
+    back in x's layout, and the final cache."""
+    seq_axis = 0 if tbs else 1
+    assert sum(sizes) == x.shape[seq_axis]
+    outs, start = [], 0
+    for n in sizes:
+        out, cache = apply_step(cache, jax.lax.slice_in_dim(x, start, start + n, axis=seq_axis), start)
+        outs.append(out)
+        start += n
+    return jnp.concatenate(outs, seq_axis), cache
+
+
+def _positions(a, tbs, lo, hi):
+    return a[lo:hi] if tbs else a[:, lo:hi]
+
+
+@pytest.mark.parametrize("case,schedule,jitted", MHA_RUNS, ids=_ids(MHA_RUNS))
+def test_mha_chunked_decode_equals_full_causal_forward(case, schedule, jitted):
+    """Every MHA case of the one-token test (fused / unfused projections, GQA / MQA, rotary
+    embeddings, transpose_batch_sequence, a window, a full-length padding mask and bias), its
+    tokens fed in steps of several tokens; eagerly (cache_index concrete: the overflow check
+    runs) and jitted (cache_index traced)."""
+    kw = MHA_CASES[case]
+    tbs = kw.get("transpose_batch_sequence", False)
+    g = kw.get("num_gqa_groups", HEADS)
+    model = MultiHeadAttention(HEAD_DIM, HEADS, **kw)
+    x = _x(seed=11, tbs=tbs)
+    mask = jnp.asarray(PAD) if kw.get("attn_mask_type") == "padding_causal" else None
+    bias = _rand(12, (1, HEADS, L, L), scale=0.5) if "attn_bias_type" in kw else None
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x, x, mask, bias, decode=True))
+    params = random_params(shapes["params"], seed=13)
+
+    def call(variables, inputs, **kw):
+        return model.apply(variables, inputs, inputs, mask, bias, deterministic=True, **kw)
+
+    def run(params, x):
+        full, _ = call({"params": params}, x)
+        _, mut = call({"params": params}, jnp.zeros_like(x), decode=True, mutable=["cache"])
+
+        def step(cache, chunk, start):
+            (out, _), mut = call({"params": params, "cache": cache}, chunk, decode=True, mutable=["cache"])
+            return out, mut["cache"]
+
+        return full, *decode_chunks(step, mut["cache"], x, SCHEDULES[schedule], tbs)
+
+    full, steps, cache = (jit(run) if jitted else run)(params, x)
+    assert _structure(cache) == expected_cache(g=g, dtype=F32, tbs=tbs)
+    assert int(cache["cache_index"]) == L
+    for i in range(L):
+        got, want = _positions(steps, tbs, i, i + 1), _positions(full, tbs, i, i + 1)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), err_msg=f"position {i}", **TOL)
+
+
+@pytest.mark.parametrize("case,schedule,jitted", STACK_RUNS, ids=_ids(STACK_RUNS))
+def test_transformer_stack_chunked_decode_equals_full_causal_forward(case, schedule, jitted):
+    """The 2-layer stacks (T5 biases whose rows the steps take, GQA with rotary embeddings,
+    transpose_batch_sequence, a DECODER's cross attention for several queries) in steps of
+    several tokens."""
+    kw = STACK_CASES[case]
+    tbs = kw.get("transpose_batch_sequence", False)
+    decoder = kw.get("layer_type") == TransformerLayerType.DECODER
+    model = Stack(kw)
+    x = _x(seed=14, tbs=tbs)
+    enc = _x((B, 5, HIDDEN), seed=15, tbs=tbs) if decoder else None
+    enc_mask = np.zeros((B, 1, 1, 5), bool)
+    enc_mask[0, ..., 4:] = True
+    enc_mask = jnp.asarray(enc_mask) if decoder else None
+    extra = dict(max_decode_length=L) if decoder else {}
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x, enc, enc_mask, decode=True, **extra))
+    params = random_params(shapes["params"], seed=16)
+    attn = "self_attention" if decoder else "attention"
+
+    def run(params, x, enc):
+        full = model.apply({"params": params}, x, enc, enc_mask)
+        _, mut = model.apply({"params": params}, jnp.zeros_like(x), enc, enc_mask, decode=True, mutable=["cache"],
+                             **extra)  # fmt: skip
+
+        def step(cache, chunk, start):
+            out, mut = model.apply({"params": params, "cache": cache}, chunk, enc, enc_mask, decode=True,
+                                   mutable=["cache"], **extra)  # fmt: skip
+            return out, mut["cache"]
+
+        return full, *decode_chunks(step, mut["cache"], x, SCHEDULES[schedule], tbs)
+
+    full, steps, cache = (jit(run) if jitted else run)(params, x, enc)
+    assert [int(cache[f"layer_{i}"][attn]["cache_index"]) for i in range(2)] == [L, L]
+    for i in range(L):
+        got, ref = _positions(steps, tbs, i, i + 1), _positions(full, tbs, i, i + 1)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), err_msg=f"position {i}", **TOL)
+
+
+NONCAUSAL_CASES = {
+    "no_mask": dict(attn_mask_type="no_mask"),
+    "no_mask_window": dict(attn_mask_type="no_mask", window_size=(2, 1), num_gqa_groups=2),
+    # the step's own mask rows [b, 1, n, L] and bias rows [1, h, n, L]
+    "padding_rows_rope_bias": dict(
+        attn_mask_type="padding", enable_rotary_pos_emb=True, fuse_qkv_params=False,
+        attn_bias_type="post_scale_bias",
+    ),
+    # the full [b, 1, L, L] mask (rows sliced), and a one-row key-padding mask [b, 1, 1, L]
+    "sbhd_padding_full_mask": dict(attn_mask_type="padding", transpose_batch_sequence=True),
+    "padding_key_row": dict(attn_mask_type="padding", num_gqa_groups=1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(NONCAUSAL_CASES))
+def test_noncausal_chunked_decode_equals_the_forward_over_the_tokens_so_far(case):
+    """'no_mask' / 'padding': a step's queries see every token cached by the step's end, so its
+    outputs are the full forward (of that mask type, window and mask) over tokens
+    0..cache_index+n-1, at the step's positions; one token per step is te's one-token step."""
+    kw = NONCAUSAL_CASES[case]
+    tbs = kw.get("transpose_batch_sequence", False)
+    model = MultiHeadAttention(HEAD_DIM, HEADS, **kw)
+    x = _x(seed=17, tbs=tbs)
+    pad = None
+    if kw["attn_mask_type"] == "padding":
+        pad = jnp.asarray(PAD)
+        if case == "padding_key_row":
+            pad = jnp.asarray(PAD[:, :, :1] | PAD[:, :, -1:])  # [b, 1, 1, L]: row 1's last two keys
+    bias = _rand(18, (1, HEADS, L, L), scale=0.5) if "attn_bias_type" in kw else None
+    rows = case == "padding_rows_rope_bias"
+    params = random_params(
+        jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x, x, pad, bias, decode=True))["params"], 19
+    )
+    sizes = SCHEDULES["prefill3_1_2_1"]
+
+    def crop(a, end):  # a mask or bias over the first `end` tokens
+        return None if a is None else a[:, :, : min(a.shape[2], end), :end]
+
+    @jit
+    def run(params, x):
+        def call(variables, inputs, mask, bias, **kw):
+            return model.apply(variables, inputs, inputs, mask, bias, deterministic=True, **kw)
+
+        _, mut = call({"params": params}, jnp.zeros_like(x), pad, bias, decode=True, mutable=["cache"])
+
+        def step(cache, chunk, start):
+            n = chunk.shape[0 if tbs else 1]
+            m, bb = (pad[:, :, start : start + n], bias[:, :, start : start + n]) if rows else (pad, bias)
+            (out, _), mut = call(
+                {"params": params, "cache": cache}, chunk, m, bb, decode=True, mutable=["cache"]
+            )
+            return out, mut["cache"]
+
+        steps, _ = decode_chunks(step, mut["cache"], x, sizes, tbs)
+        prefixes = []  # the forward over the tokens up to each step's end
+        for end in np.cumsum(sizes):
+            prefixes.append(
+                call({"params": params}, _positions(x, tbs, 0, end), crop(pad, end), crop(bias, end))[0]
+            )
+        return steps, prefixes
+
+    steps, prefixes = run(params, x)
+    start = 0
+    for n, prefix in zip(sizes, prefixes, strict=True):
+        for i in range(start, start + n):
+            got, want = _positions(steps, tbs, i, i + 1), _positions(prefix, tbs, i, i + 1)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), err_msg=f"position {i}", **TOL)
+        start += n
+    # the first chunk's first query saw the chunk's later tokens: not the causal forward's row
+    causal = MultiHeadAttention(HEAD_DIM, HEADS, **{**kw, "attn_mask_type": "causal", "attn_bias_type": None})
+    first = causal.apply({"params": params}, x, x, None, bias, deterministic=True)[0]
+    assert not np.allclose(np.asarray(_positions(steps, tbs, 0, 1)), np.asarray(_positions(first, tbs, 0, 1)))
+
+
+def test_chunked_decode_errors():
+    model = MultiHeadAttention(HEAD_DIM, HEADS, num_gqa_groups=2)
+    two = _x((B, 2, HIDDEN), seed=2)
+    params = _params(model, two, two)
+    # eager (cache_index concrete): a step that would run past the end names cache_index, n, L
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: the 'cache' holds 5 tokens per row and cache_index=4: "
+                       r"a step of n=2 tokens would write past its end \(cache_index \+ n = 6 > 5\); initialise a "
+                       r"longer cache"):  # fmt: skip
+        _step(model, params, _cache(2, 4, length=5), two)
+    out, mut = _step(model, params, _cache(2, 3, length=5), two)  # the last two slots: fits
+    assert bool(jnp.all(jnp.isfinite(out[0]))) and int(mut["cache"]["cache_index"]) == 5
+    # jitted (cache_index traced): a step past the end outputs NaN, one that fits does not
+    outs = jax.jit(lambda caches: [_step(model, params, c, two)[0][0] for c in caches])(
+        [_cache(2, 3, length=5), _cache(2, 4, length=5)]
+    )
+    assert bool(jnp.all(jnp.isfinite(outs[0]))) and bool(jnp.all(jnp.isnan(outs[1])))
+    # more tokens than the cache holds: at any cache_index, traced or not
+    with pytest.raises(ValueError, match=r"the 'cache' holds 3 tokens per row: a step of n=4 tokens would write past "
+                       r"its end \(n = 4 > 3\)"):  # fmt: skip
+        jax.jit(lambda c, t: _step(model, params, c, t))(_cache(2, 0), _x((B, 4, HIDDEN)))
+    # another batch size, either layout; inputs_kv with another token count than inputs_q's
+    with pytest.raises(ValueError, match=r"inputs_q: decode=True with a filled cache takes a step of n >= 1 tokens "
+                       r"per row: expected \[b, n, hidden\] = \[2, n, \*\] \(b from the cache\), got shape "
+                       r"\(1, 2, 32\)"):  # fmt: skip
+        _step(model, params, _cache(2, 1, length=5), two[:1])
+    tbs_model = MultiHeadAttention(HEAD_DIM, HEADS, num_gqa_groups=2, transpose_batch_sequence=True)
+    kv = jnp.zeros((5, B, 2, HEAD_DIM))
+    tbs_cache = {"cached_key": kv, "cached_value": kv, "cache_index": jnp.asarray(1, jnp.int32)}
+    with pytest.raises(ValueError, match=r"inputs_q: .* expected \[n, b, hidden\] = \[n, 2, \*\] \(b from the "
+                       r"cache\), got shape \(2, 3, 32\)"):  # fmt: skip
+        _step(tbs_model, params, tbs_cache, _x((2, 3, HIDDEN)))
+    with pytest.raises(ValueError, match=r"inputs_q: .* got shape \(2, 0, 32\)"):
+        _step(model, params, _cache(2, 1, length=5), two[:, :0])
+    with pytest.raises(ValueError, match=r"inputs_kv: .* expected \[b, n, hidden\] = \[2, 2, \*\] \(b from the "
+                       r"cache, n from inputs_q\), got shape \(2, 1, 32\)"):  # fmt: skip
+        _step(model, params, _cache(2, 1, length=5), two, other=two[:, :1])
+    # a mask / bias whose query dim is neither 1, n nor L
+    padded = MultiHeadAttention(HEAD_DIM, HEADS, attn_mask_type="padding_causal")
+    pparams = _params(padded, two, two, jnp.zeros((B, 1, 2, 2), bool))
+    with pytest.raises(ValueError, match=r"mask: expected in a decode step \[b, 1, 1 or n or L, L\] \(n the step's "
+                       r"tokens, L the cache's length; here n=2\) = \(2, 1, 5, 5\), got shape \(2, 1, 3, 5\)"):  # fmt: skip
+        _step(padded, pparams, _cache(HEADS, 1, length=5), two, mask=jnp.zeros((B, 1, 3, 5), bool))
+    with pytest.raises(ValueError, match=r"bias: expected in a decode step \[b, h, 1 or n or L, L\] .* got shape "
+                       r"\(1, 4, 4, 5\)"):  # fmt: skip
+        _step(padded, pparams, _cache(HEADS, 1, length=5), two, mask=jnp.zeros((B, 1, 5, 5), bool),
+              bias=jnp.zeros((1, HEADS, 4, 5)))  # fmt: skip

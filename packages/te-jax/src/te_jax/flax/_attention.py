@@ -506,13 +506,15 @@ class MultiHeadAttention(nn.Module):
     transpose_batch_sequence, in the keys' dtype; ``cache_index`` int32; see _kv_cache.py).
     The first such call (model.init, or apply(..., mutable=["cache"]) without a cache) creates
     the cache for inputs of length L and returns the ordinary forward; each later call (apply
-    with mutable=["cache"]) takes one token per row, [b, 1, hidden], writes its key and value
-    at cache_index (rotary embeddings rotate q and k at that position), advances cache_index and
-    attends to the tokens cached so far (and the window). In a step, ``bias`` is [b, h, 1, L] or
-    covers every query, [b, h, L, L] (TE's: row cache_index is taken); ``mask``, read only by
-    the padding mask types, likewise [b, 1, 1 or L, L]. qkv_format='thd' raises ValueError; so
-    do a step with more than one token, a full cache (eagerly; a jitted step past the end
-    outputs NaN) and apply without mutable=["cache"].
+    with mutable=["cache"]) is a step of n >= 1 tokens per row, [b, n, hidden] (TE's take one):
+    it writes their keys and values at cache_index..cache_index+n-1 (rotary embeddings rotate q
+    and k at those positions), advances cache_index by n, and its query i attends to the tokens
+    cached up to position cache_index+i (causal types; 'no_mask' / 'padding': up to the step's
+    last token), within the window. In a step, ``bias`` is [b, h, 1 or n, L] or covers every
+    query, [b, h, L, L] (TE's: rows cache_index..cache_index+n-1 are taken); ``mask``, read only
+    by the padding mask types, likewise [b, 1, 1 or n or L, L]. qkv_format='thd' raises
+    ValueError; so do a step of another batch size, one running past the cache's end (eagerly;
+    a jitted one outputs NaN) and apply without mutable=["cache"].
     """
 
     head_dim: int

@@ -7,9 +7,18 @@ variables in the flax collection ``"cache"``, in the attention module's scope:
 
 The first ``decode=True`` call (no cache yet: ``model.init``, or ``apply(..., mutable=["cache"])``
 on variables without one) creates them, zero, sized by its input (L = its sequence length), and
-returns the ordinary forward. Every later call is a step: one token per row, whose key and value
-(rotated at position cache_index with rotary embeddings) are written at cache_index, which then
-advances; its query attends to cached tokens 0..cache_index.
+returns the ordinary forward. Every later call is a step of n >= 1 tokens per row ([b, n, hidden],
+[n, b, hidden] with transpose_batch_sequence; n may change from step to step: a prompt's chunks,
+then one token at a time, or a speculative draft to verify; TE's steps take one token): their
+keys and values (rotated at positions cache_index..cache_index+n-1 with rotary embeddings) are
+written there, cache_index advances by n, and the step's query i (at position p = cache_index+i)
+attends to cached tokens 0..p under the causal mask types (bottom-right aligned), and to
+0..cache_index+n-1 (the step's end) under 'no_mask' and 'padding': either way what the full
+forward of that mask type over the tokens cached by the step's end gives at the step's positions
+(with n = 1 the two rules agree). The window is taken around each query's position p; the padding
+types' mask, [b, 1, 1 or n or L, L], gives the step's rows (rows cache_index..cache_index+n-1 of
+one over every query), a bias likewise. A step past the cache's end raises (cache_index concrete)
+or, traced under jit, outputs NaN.
 
 Where TE differs, te follows what makes a step equal the full causal forward at that position:
 TE rotates every step's q and k at position 0, masks the step only through mask types that keep a
@@ -40,13 +49,14 @@ def cache_length(cached_key, transpose_batch_sequence: bool) -> int:
 class KVCache:
     """The cache of one MultiHeadAttention call with decode=True. ``filled``: the cache exists,
     so this call is a step (its inputs checked against the cache); ``position`` is then the
-    step's token position (cache_index), else 0."""
+    step's first token position (cache_index), else 0; ``n`` the step's tokens per row."""
 
     def __init__(self, module, xq, xkv, transpose_batch_sequence: bool):
         self.module = module
         self.tbs = bool(transpose_batch_sequence)
         self.filled = module.has_variable(CACHE_COLLECTION, "cached_key")
         self.position = 0
+        self.n = int(xq.shape[0 if self.tbs else 1])
         if not self.filled:
             return
         owner = type(module).__name__
@@ -58,24 +68,31 @@ class KVCache:
         cached = module.get_variable(CACHE_COLLECTION, "cached_key")
         self.length = cache_length(cached, self.tbs)
         batch = cached.shape[1 if self.tbs else 0]
-        want, dims = ((1, batch), "[1, b, hidden]") if self.tbs else ((batch, 1), "[b, 1, hidden]")
+        dims = "[n, b, hidden]" if self.tbs else "[b, n, hidden]"
         for name, x in (("inputs_q", xq), ("inputs_kv", xkv)):
-            if tuple(x.shape[:2]) != want:
+            seq, b = (x.shape[0], x.shape[1]) if self.tbs else (x.shape[1], x.shape[0])
+            n_ok = seq >= 1 if name == "inputs_q" else seq == self.n
+            if b != batch or not n_ok:
+                n_want = "n" if name == "inputs_q" else str(self.n)
+                want = f"[{n_want}, {batch}, *]" if self.tbs else f"[{batch}, {n_want}, *]"
+                whence = "b from the cache" + (", n from inputs_q" if name == "inputs_kv" else "")
                 raise ValueError(
-                    f"{name}: decode=True with a filled cache takes one token per row and call (as TE): "
-                    f"expected {dims} = [{want[0]}, {want[1]}, *] (b from the cache), got shape "
-                    f"{tuple(x.shape)}"
+                    f"{name}: decode=True with a filled cache takes a step of n >= 1 tokens per row: "
+                    f"expected {dims} = {want} ({whence}), got shape {tuple(x.shape)}"
                 )
         self.position = module.get_variable(CACHE_COLLECTION, "cache_index")
         try:
             written = int(self.position)
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
-            return  # traced (under jit): a step past the end gives NaNs instead (see guard)
-        if written >= self.length:
+            written = None  # traced (under jit): a step past the end gives NaNs instead (see guard)
+        if self.n > self.length or (written is not None and written + self.n > self.length):
+            at, end = ("", f"n = {self.n}") if written is None else (
+                f" and cache_index={written}", f"cache_index + n = {written + self.n}"
+            )  # fmt: skip
             raise ValueError(
-                f"{owner}: the '{CACHE_COLLECTION}' holds {self.length} tokens per row and cache_index="
-                f"{written}: it is full; initialise a longer cache (a first decode=True call on "
-                "inputs of the total length)"
+                f"{owner}: the '{CACHE_COLLECTION}' holds {self.length} tokens per row{at}: a step of "
+                f"n={self.n} tokens would write past its end ({end} > {self.length}); initialise a longer "
+                "cache (a first decode=True call on inputs of the total length)"
             )
 
     def update(self, k, v, kv_name: str):
@@ -97,51 +114,67 @@ class KVCache:
         axis = 0 if self.tbs else 1
         cached_key.value = lax.dynamic_update_slice_in_dim(cached_key.value, k, self.position, axis)
         cached_value.value = lax.dynamic_update_slice_in_dim(cached_value.value, v, self.position, axis)
-        index.value = self.position + 1
+        index.value = self.position + self.n
         return cached_key.value, cached_value.value
 
     def step_mask(self, mask, mask_type: str, window, b: int, h: int):
-        """The step's boolean mask [b, 1, 1, L] (True = masked out): the tokens not written yet,
-        those left of the window, and, with the padding mask types, the user's mask (its row
-        cache_index when it covers every query)."""
-        L = self.length
+        """The step's boolean mask [b, 1, n, L] (True = masked out): for query i (position
+        p = cache_index + i), the tokens after p (causal types) or after the step's last
+        (cache_index + n - 1; 'no_mask', 'padding'), those outside the window around p, and,
+        with the padding mask types, the user's mask (its rows cache_index..cache_index+n-1 when
+        it covers every query)."""
+        L, n = self.length, self.n
         j = jnp.arange(L, dtype=jnp.int32)
-        masked = j > self.position
+        p = (self.position + jnp.arange(n, dtype=jnp.int32))[:, None]  # [n, 1]
+        causal = mask_type not in ("no_mask", "padding")
+        # causal: the keys after p; else those after the step's last token (n = 1: the same)
+        masked = j > p if causal else jnp.broadcast_to(j > self.position + (n - 1), (n, L))
         if window is not None and window[0] >= 0:
-            masked = masked | (j < self.position - window[0])
-        masked = jnp.broadcast_to(masked, (b, 1, 1, L))
+            masked = masked | (j < p - window[0])
+        if window is not None and window[1] >= 0 and not causal:
+            masked = masked | (j > p + window[1])
+        masked = jnp.broadcast_to(masked, (b, 1, n, L))
         if mask is None or mask_type in _MASK_IGNORED:
             return masked
         if isinstance(mask, SequenceDescriptor):
             raise ValueError(
-                f"mask: a decode step takes a boolean mask [b, 1, 1, L] = [{b}, 1, 1, {L}] (True = masked "
-                "out) or None, got a SequenceDescriptor"
+                f"mask: a decode step takes a boolean mask [b, 1, 1 or n or L, L] (n={n} the step's "
+                f"tokens, L={L} the cache's length; True = masked out) or None, got a SequenceDescriptor"
             )
         user = _array(mask, "mask")
         if not (user.dtype == jnp.bool_ or jnp.issubdtype(user.dtype, jnp.integer)):
             raise TypeError(f"mask: expected a boolean (or integer) array, got dtype {user.dtype}")
-        _check_shape(
-            user, (b, h, L, L), "mask", "in a decode step [b, 1, 1 or L, L] (L the cache's length) =", True,
-            shown=(b, 1, L, L),
-        )  # fmt: skip
-        return masked | self._row(user).astype(jnp.bool_)
+        self._check_rows(user, (b, h, L, L), "mask", "[b, 1, 1 or n or L, L]", shown=(b, 1, L, L))
+        return masked | self._rows(user).astype(jnp.bool_)
 
     def step_bias(self, bias, b: int, h: int):
-        """The step's bias [.., .., 1, L]: row cache_index of a bias over every query (TE's
-        T5 relative position bias [1, h, L, L]), or a one-row bias as given."""
+        """The step's bias [.., .., n, L]: rows cache_index..cache_index+n-1 of a bias over
+        every query (TE's T5 relative position bias [1, h, L, L]), or the step's rows (n, or
+        one for all) as given."""
         if bias is None:
             return None
         bias = _array(bias, "bias")
         L = self.length
-        what = "in a decode step [b, h, 1 or L, L] (L the cache's length) ="
-        _check_shape(bias, (b, h, L, L), "bias", what, True)
-        return self._row(bias)
+        self._check_rows(bias, (b, h, L, L), "bias", "[b, h, 1 or n or L, L]")
+        return self._rows(bias)
 
-    def _row(self, x):
-        return lax.dynamic_slice_in_dim(x, self.position, 1, axis=2) if x.shape[2] > 1 else x
+    def _check_rows(self, x, want, name: str, dims: str, shown=None):
+        """x broadcastable to ``want`` [b, h, L, L] (any dim may be 1), its query dim 1, n or L."""
+        what = f"in a decode step {dims} (n the step's tokens, L the cache's length; here n={self.n}) ="
+        _check_shape(x, want[:2] + (None,) + want[3:], name, what, True, shown=shown or want)
+        if x.shape[2] not in (1, self.n, self.length):
+            _check_shape(x, want, name, what, True, shown=shown)  # raises
+
+    def _rows(self, x):
+        """The step's query rows of x [.., .., 1 or n or L, L]: a slice when x covers every query."""
+        if x.shape[2] == self.length and x.shape[2] > 1:
+            return lax.dynamic_slice_in_dim(x, self.position, self.n, axis=2)
+        return x
 
     def guard(self, out):
-        """NaN where a traced step ran past the cache's end (its write went to the last slot)."""
+        """NaN where a traced step ran past the cache's end (its write was clamped to the last
+        n slots)."""
         if not self.filled:
             return out
-        return jnp.where(self.position < self.length, out, jnp.asarray(jnp.nan, out.dtype))
+        fits = self.position + self.n <= self.length
+        return jnp.where(fits, out, jnp.asarray(jnp.nan, out.dtype))

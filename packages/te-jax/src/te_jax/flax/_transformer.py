@@ -151,11 +151,11 @@ class TransformerLayer(nn.Module):
 
     ``decode=True`` is passed to the self attention (MultiHeadAttention's KV cache, in the
     collection ``"cache"`` under ``attention`` / ``self_attention``): the first call creates the
-    cache for its inputs' length L, each later call (apply with mutable=["cache"]) takes one
-    token per row, [b, 1, hidden]; DECODER's cross attention runs every step on ``encoded`` with
-    ``encoder_decoder_mask`` [b, 1, 1, s_enc]. The T5 bias is then built for L x L and the step
-    takes its row cache_index; ``max_decode_length``, which TE uses for that length, may be None
-    or L (else ValueError).
+    cache for its inputs' length L, each later call (apply with mutable=["cache"]) takes n >= 1
+    tokens per row, [b, n, hidden] (TE's one); DECODER's cross attention runs every step on
+    ``encoded`` with ``encoder_decoder_mask`` [b, 1, 1 or n, s_enc]. The T5 bias is then built for
+    L x L and the step takes its rows cache_index..cache_index+n-1; ``max_decode_length``, which
+    TE uses for that length, may be None or L (else ValueError).
     """
 
     hidden_size: int = 512
