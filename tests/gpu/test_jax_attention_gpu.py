@@ -142,3 +142,31 @@ def test_transformer_layer_decode_bf16_gpu_matches_fp32_cpu():
         for name in ("cached_key", "cached_value"):
             assert rel(gc[name][:, :STEPS], wc[name][:, :STEPS]) <= 2e-2
             assert np.all(np.asarray(gc[name], np.float32)[:, STEPS:] == 0.0)  # slots not written yet
+
+
+def test_transformer_layer_chunked_decode_bf16_gpu_matches_fp32_cpu():
+    """Steps of several tokens (3, 1, 2: a chunked prompt, then decoding) on the GPU in bf16
+    against the same steps on the CPU in fp32, which equal the full forward (the CPU's own check)."""
+    model = Stack()
+    x = _bf16_values(5, (2, LENGTH, HIDDEN))
+    with jax.default_device(CPU):
+        params = nn.unbox(model.init(jax.random.PRNGKey(1), jnp.asarray(x))["params"])
+    params = jax.tree_util.tree_map(lambda a: np.asarray(jnp.asarray(a, BF16).astype(F32)), params)
+
+    def f(params, x):
+        full = model.apply({"params": params}, x)
+        _, mut = model.apply({"params": params}, jnp.zeros_like(x), decode=True, mutable=["cache"])
+        cache, outs, at = mut["cache"], [], 0
+        for n in (3, 1, 2):
+            out, mut = model.apply(
+                {"params": params, "cache": cache}, x[:, at : at + n], decode=True, mutable=["cache"]
+            )
+            cache, at = mut["cache"], at + n
+            outs.append(out)
+        return full, jnp.concatenate(outs, axis=1)
+
+    full, want = _run(f, (params, x), CPU, F32)
+    _, got = _run(f, (params, x), GPU, BF16)
+    np.testing.assert_allclose(want, full[:, :6], rtol=2e-5, atol=2e-5)
+    x_steps = x[:, :6]
+    assert rel(np.asarray(got, np.float32) - x_steps, want - x_steps) <= 3e-2
