@@ -15,8 +15,11 @@ BF16 parameters and activations, [b, 1, hidden] inputs, no dropout, no rotary em
   te_bf16     te.TransformerLayer with te.InferenceParams (non-paged): pre_step and the layers
   te_paged    the same with a paged cache (pages of 64 positions)
   te_current  te_bf16 under Float8CurrentScaling (FP8 GEMMs)
-te's rows pay for what the torch row does not do: each sequence's own length (a padding mask
-built a step), batch changes, and paging. When a cache fills, its lengths go back to the
+  te_ragged   te_bf16 with sequence i's context 1024 + 8 i: each sequence its own length (the
+              cache write by indices and a padding mask a step, which the other te rows,
+              all sequences at one length, do without)
+te's rows pay for what the torch row does not do: batch changes, paging, and (te_ragged) each
+sequence's own length. When a cache fills, its lengths go back to the
 context (host bookkeeping only; the cache's contents are not read for correctness here). Timed
 with CUDA events around the Python calls (host overhead included), synced and back to back in
 interleaved rounds (benchmarks/_variants.py). TFLOP/s counts the GEMMs (2 * batch * params).
@@ -98,7 +101,8 @@ def main() -> int:
     torch.manual_seed(0)
     n, b, ctx, h, f = args.layers, args.batch, args.context, args.hidden, args.ffn
     heads, groups, d = args.heads, args.groups, args.hidden // args.heads
-    max_len = ctx + 16 * args.page_size
+    page = args.page_size
+    max_len = -(-(ctx + 8 * b + 16 * page) // page) * page  # room for the ragged row, in pages
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; decode step of {n} layers, batch {b}, "
         f"context {ctx}+, hidden {h}, ffn {f}, {heads} heads / {groups} groups"
@@ -127,7 +131,7 @@ def main() -> int:
 
         return step
 
-    def te_row(paged: bool, recipe=None):
+    def te_row(paged: bool, recipe=None, ragged: bool = False):
         layers = [
             te.TransformerLayer(
                 h, f, heads, num_gqa_groups=groups, hidden_dropout=0.0, attention_dropout=0.0,
@@ -145,7 +149,7 @@ def main() -> int:
         )
         for i in range(n):
             params.allocate_memory(i + 1)
-        prompt = OrderedDict((i, ctx) for i in range(b))
+        prompt = OrderedDict((i, ctx + (8 * i if ragged else 0)) for i in range(b))
         one = OrderedDict((i, 1) for i in range(b))
         params.pre_step(prompt)
 
@@ -169,6 +173,7 @@ def main() -> int:
         ("te_bf16", lambda: te_row(False)),
         ("te_paged", lambda: te_row(True)),
         ("te_current", lambda: te_row(False, te.recipe.Float8CurrentScaling())),
+        ("te_ragged", lambda: te_row(False, ragged=True)),
     ]
     info = {"layers": n, "batch": b, "context": ctx, "hidden": h, "ffn": f, "heads": heads, "groups": groups}
     results = time_variants(variants, info, flops, args, "    ")
