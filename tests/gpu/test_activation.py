@@ -12,6 +12,8 @@ The CPU backend is checked against an independent float64 reference in tests/cor
     same bits whatever dx's output mode (the partials come from the same tiles).
 Outputs are poisoned (0xAB bytes, a NaN no kernel computes) before each run, so unwritten
 elements and written padding both show. Inputs offset by one element reach the scalar paths.
+CLAMPED_SWIGLU runs every case above with its default parameters, and test_clamped_swiglu_params
+with others (te_activation_config through the _v2 entry points).
 Only collected where torch and a GPU exist (tests/gpu/conftest.py skips everything otherwise).
 """
 
@@ -29,8 +31,9 @@ from te_core import _C
 A, D, M, P = _C.Activation, _C.DType, _C.ScalingMode, _C.Part
 CUDA = int(_C.DeviceType.CUDA)
 PLAIN = [A.GELU, A.RELU, A.SILU, A.QGELU, A.SRELU]
-GATED = [A.GEGLU, A.REGLU, A.SWIGLU, A.QGEGLU, A.SREGLU, A.GLU]
+GATED = [A.GEGLU, A.REGLU, A.SWIGLU, A.QGEGLU, A.SREGLU, A.GLU, A.CLAMPED_SWIGLU]
 KINDS = PLAIN + GATED
+CLAMPED_DEFAULTS = (7.0, 1.702, 1.0)  # te_activation_config's (limit, alpha, glu_linear_offset)
 # Output shapes (a gated kind's input has the last dim doubled). 4097: no 8-element alignment,
 # and a gated unit straddles the two halves of dx.
 SHAPES = [(1, 1), (3, 7), (17, 1000), (129, 4097), (2, 3, 40)]
@@ -176,23 +179,30 @@ def assert_same_bits(got, want, what):
 # ---- the per-element bound --------------------------------------------------------------------
 
 
-def magnitude(kind, x, grad=None):
+def magnitude(kind, x, grad=None, params=CLAMPED_DEFAULTS):
     """Per result element, the size of what CUDA's __expf / __fdividef can move it by, in units
     of fp32 eps. Every kind's transcendental part is a sigmoid s = 1 / (1 + e): __expf's relative
     error (2 + 1.16|v| ulps at e^v) moves s by s (1 - s) times that, at most ~0.5 eps over all v,
     and the divide by 2 ulps of s; that enters each formula multiplied by at most ~|x| (fwd) or
     ~|x|^3 (GELU's derivative: x s (1 - s)(1.596 + 0.214 x^2)), times the gate and grad.
-    Non-finite inputs give 0: there both backends must agree exactly."""
+    CLAMPED_SWIGLU: of the clamped a (its sigmoid's argument alpha a for the derivative) and the
+    clamped, offset gate. Non-finite inputs give 0: there both backends must agree exactly."""
     torch = _torch()
     x = x.double().cpu()
     n = x.shape[-1] // 2 if kind in GATED else x.shape[-1]
     a = x[..., :n]
     b = x[..., n:].abs() if kind in GATED else torch.ones_like(a)
+    slope = a
+    if kind == A.CLAMPED_SWIGLU:
+        limit, alpha, offset = params
+        a = a.clamp(max=limit)
+        b = (x[..., n:].clamp(-limit, limit) + offset).abs()
+        slope = alpha * a
     if grad is None:
         mag = (1 + a.abs()) * b
     else:
         g = grad.double().cpu().abs()
-        first = g * (1 + a.abs()) ** 3 * b
+        first = g * (1 + slope.abs()) ** 3 * b
         mag = torch.cat([first, g * (1 + a.abs())], dim=-1) if kind in GATED else first
     return torch.nan_to_num(mag, nan=0.0, posinf=0.0)
 
@@ -256,19 +266,26 @@ def assert_dbias_close(got, want, dx64, dtype_name, what):
 # ---- runners ----------------------------------------------------------------------------------
 
 
-def run_fwd(x, kind, out_dtype, device, unaligned=False):
+def run_fwd(x, kind, out_dtype, device, unaligned=False, act_config=None):
     torch = _torch()
     xi = x if device == "cpu" else on_gpu(x, unaligned)
     rows, _ = rows_cols(tuple(x.shape))
     n = x.shape[-1] // 2 if kind in GATED else x.shape[-1]
     y = poison(tuple(x.shape[:-1]) + (n,), out_dtype, device)
-    _C.activation_fwd(desc(xi, te_dtype(name_of(x))), hp(y, out_dtype), int(kind), None, stream_of(xi))
+    _C.activation_fwd(
+        desc(xi, te_dtype(name_of(x))),
+        hp(y, out_dtype),
+        int(kind),
+        None,
+        stream_of(xi),
+        act_config=act_config,
+    )
     if device == "cuda":
         torch.cuda.synchronize()
     return y
 
 
-def run_bwd(grad, x, kind, out_dtype, device, dbias_dtype=None, unaligned=False, q=None):
+def run_bwd(grad, x, kind, out_dtype, device, dbias_dtype=None, unaligned=False, q=None, act_config=None):
     """dx (high precision, or the quantized parts of `q`) and dbias (None without one)."""
     torch = _torch()
     gi = grad if device == "cpu" else on_gpu(grad, unaligned)
@@ -288,6 +305,7 @@ def run_bwd(grad, x, kind, out_dtype, device, dbias_dtype=None, unaligned=False,
         int(kind),
         cfg,
         stream_of(xi),
+        act_config=act_config,
     )
     if device == "cuda":
         torch.cuda.synchronize()
@@ -406,7 +424,7 @@ def test_bwd_high_precision_with_dbias(kind, layout, dtypes):
 
 def test_bwd_specials_nan_and_inf_places():
     """NaN/inf in input and grad: the same places as the CPU, dx and dbias."""
-    for kind in [A.GELU, A.RELU, A.SRELU, A.SWIGLU, A.GLU, A.SREGLU]:
+    for kind in [A.GELU, A.RELU, A.SRELU, A.SWIGLU, A.GLU, A.SREGLU, A.CLAMPED_SWIGLU]:
         shape = (130, 72)
         x = gen(in_shape(shape, kind), "float32", ("spec", kind.name))
         grad = gen(shape, "float32", ("specg", kind.name))
@@ -510,6 +528,63 @@ def test_fp8_empty_rows_match_te_quantize(case):
         _C.activation_fwd(desc(x, te_dtype("bfloat16")), q["desc"], int(kind), q["cfg"], stream_of(x))
         torch.cuda.synchronize()
         assert_parts_equal(q["parts"], want, f"{kind.name} {case} empty")
+
+
+# ---- CLAMPED_SWIGLU's parameters -----------------------------------------------------------------
+
+CLAMPED_PARAMS = [(0.75, 1.702, 0.5), (2.0, 3.0, 0.0), (float("inf"), 1.25, -1.0)]
+
+
+@pytest.mark.parametrize("params", CLAMPED_PARAMS, ids=str)
+@pytest.mark.parametrize("layout", layouts([(3, 7), (129, 4097), (2, 3, 40)]), ids=layout_id)
+def test_clamped_swiglu_params(layout, params):
+    """Non-default limit / alpha / glu_linear_offset (most elements beyond a limit of 0.75):
+    high-precision forward and backward against the CPU, dx exactly 0 where a clamp holds (the
+    masks are comparisons, no approximation), and FP8 outputs == te_quantize of the fp32 run."""
+    torch = _torch()
+    shape, unaligned = layout
+    kind = A.CLAMPED_SWIGLU
+    cfg = _C.ActivationConfig(*params)
+    x = gen(in_shape(shape, kind), "bfloat16", ("cp", shape, params))
+    cpu = run_fwd(x, kind, "float32", "cpu", act_config=cfg)
+    gpu = run_fwd(x, kind, "float32", "cuda", unaligned, act_config=cfg)
+    assert_close_to_cpu(gpu, cpu, magnitude(kind, x, params=params), "float32", f"y {params}")
+    xs = gen(in_shape(shape, kind), "float32", ("cpb", shape, params), specials=False)
+    grad = gen(tuple(shape), "float32", ("cpg", shape, params), specials=False)
+    cpu_dx, cpu_db = run_bwd(grad, xs, kind, "float32", "cpu", "float32", act_config=cfg)
+    dx, db = run_bwd(grad, xs, kind, "float32", "cuda", "float32", unaligned, act_config=cfg)
+    assert_close_to_cpu(dx, cpu_dx, magnitude(kind, xs, grad, params), "float32", f"dx {params}")
+    assert_dbias_close(db, cpu_db, dx.double().cpu().reshape(-1, xs.shape[-1]), "float32", "dbias")
+    n = shape[-1]
+    a, b = xs[..., :n], xs[..., n:]
+    held = torch.cat([a > params[0], b.abs() > params[0]], dim=-1)
+    assert (dx.cpu()[held] == 0).all() and (cpu_dx[held] == 0).all()
+    for case in ["delayed_ct", "current_ct", "block1d"]:
+        want = te_quantize(
+            run_fwd(x, kind, "float32", "cuda", unaligned, act_config=cfg), "float32", case, "e4m3"
+        )
+        q = make_q(case, shape, "e4m3", "cuda")
+        xi = on_gpu(x, unaligned)
+        _C.activation_fwd(desc(xi, te_dtype("bfloat16")), q["desc"], int(kind), q["cfg"], stream_of(xi), cfg)
+        assert_parts_equal(q["parts"], want, f"fwd {case} {params}")
+        dx32, _ = run_bwd(grad, xs, kind, "float32", "cuda", None, unaligned, act_config=cfg)
+        want = te_quantize(dx32, "float32", case, "e5m2")
+        q = make_q(case, tuple(xs.shape), "e5m2", "cuda")
+        run_bwd(grad, xs, kind, None, "cuda", None, unaligned, q=q, act_config=cfg)
+        assert_parts_equal(q["parts"], want, f"bwd {case} {params}")
+
+
+def test_clamped_swiglu_config_errors_on_cuda():
+    torch = _torch()
+    x = torch.zeros((4, 6), dtype=torch.float32, device="cuda")
+    y = torch.zeros((4, 3), dtype=torch.float32, device="cuda")
+    with raises("te_activation_fwd_v2: act_config->limit: expected a value > 0"):
+        _C.activation_fwd(
+            desc(x, int(D.FLOAT32)),
+            hp(y, "float32"),
+            int(A.CLAMPED_SWIGLU),
+            act_config=_C.ActivationConfig(-1.0),
+        )
 
 
 # ---- te_dbias_quantize ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import te_torch as te
 import torch
 import torch.nn.functional as F
-from te_core._ops import ACTIVATIONS
+from te_core._ops import ACTIVATIONS, activation_params
 from te_torch import _fused_kernels, recipe
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -23,7 +23,7 @@ RECIPES = {
     "current": recipe.Float8CurrentScaling,
     "block": recipe.Float8BlockScaling,
 }
-GATED = ("geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu")
+GATED = ("geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu")
 
 
 def rel(a, b) -> float:
@@ -216,9 +216,22 @@ _ACT = {
 }
 
 
-def act32(h, name: str) -> torch.Tensor:
-    """TE's activation ``name`` in fp32 torch ops; gated: act(first half) * second half."""
+def clamped_swiglu32(a, b, params=None) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU as TE defines it, in fp32 torch ops (autograd-able: torch.clamp's
+    gradient is zero beyond the bounds). ``params``: TE's activation_params dict, None for the
+    defaults (limit 7, alpha 1.702, glu_linear_offset 1)."""
+    p = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0, **(params or {})}
+    a = a.clamp(max=p["limit"])
+    b = b.clamp(min=-p["limit"], max=p["limit"])
+    return a * torch.sigmoid(p["alpha"] * a) * (b + p["glu_linear_offset"])
+
+
+def act32(h, name: str, params=None) -> torch.Tensor:
+    """TE's activation ``name`` in fp32 torch ops; gated: act(first half) * second half.
+    ``params``: clamped_swiglu's activation_params."""
     h = h.float()
+    if name == "clamped_swiglu":
+        return clamped_swiglu32(*h.chunk(2, dim=-1), params)
     if name in GATED:
         a, b = h.chunk(2, dim=-1)
         return _ACT[name](a) * b
@@ -233,10 +246,13 @@ def te_norm32(x, weight, bias, rms: bool, eps: float, zcg: bool) -> torch.Tensor
     return _fused_kernels.norm_fwd(x, weight, bias, rms, eps, zcg, None, torch.float32)[0]
 
 
-def te_act32(h, name: str) -> torch.Tensor:
-    return _fused_kernels.activation_fwd(h, ACTIVATIONS[name], None, torch.float32)[0]
+def te_act32(h, name: str, params=None) -> torch.Tensor:
+    """te's activation of h with an fp32 output (``params``: TE's activation_params dict)."""
+    p = activation_params(name, params)
+    return _fused_kernels.activation_fwd(h, ACTIVATIONS[name], None, torch.float32, p)[0]
 
 
-def te_act_bwd32(grad, h, name: str) -> torch.Tensor:
+def te_act_bwd32(grad, h, name: str, params=None) -> torch.Tensor:
     """te's activation backward of h with an fp32 dx."""
-    return _fused_kernels.activation_bwd(grad, h, ACTIVATIONS[name], None, torch.float32, None)[0]
+    p = activation_params(name, params)
+    return _fused_kernels.activation_bwd(grad, h, ACTIVATIONS[name], None, torch.float32, None, p)[0]

@@ -1,7 +1,8 @@
 """te.LayerNormMLP on CPU: te's activation kernels against the fp32 torch formulas, their fused
 FP8 outputs and bias gradients, the module in high precision against torch modules (tight),
 each recipe against the emulated reference (tight) and fp32 torch (loose), gated widths,
-main_grad, the two GEMMs' _extra_state, torch.compile, errors."""
+clamped_swiglu's activation_params, main_grad, the two GEMMs' _extra_state, torch.compile,
+errors."""
 
 import copy
 import io
@@ -16,6 +17,7 @@ from _module_ref import (
     GATED,
     RECIPES,
     act32,
+    clamped_swiglu32,
     deq,
     gemm_scales,
     norm32,
@@ -25,12 +27,19 @@ from _module_ref import (
     te_act_bwd32,
     te_norm32,
 )
+from te_core import _ops
 from te_core._ops import ACTIVATIONS
-from te_torch import _fused, recipe
+from te_torch import _fused, _fused_kernels, recipe
 from te_torch.functional import gemm, gemm_dgrad
 
 ALL = list(ACTIVATIONS)
 H, FFN = 64, 128
+# clamped_swiglu with a limit the module's pre-activations cross often (TE's own tests use 0.75)
+CLAMP = {"limit": 0.75, "alpha": 1.5, "glu_linear_offset": 0.25}
+
+
+def act_kw(act: str) -> dict:
+    return {"activation_params": CLAMP} if act == "clamped_swiglu" else {}
 
 
 def make(act="gelu", dtype=torch.float32, norm="LayerNorm", **kw):
@@ -78,7 +87,7 @@ def fp32_reference(m, x, dy):
     lw, lb, w1, b1, w2, b2 = leaves
     x32 = x.detach().float().clone().requires_grad_(True)
     ln = norm32(x32, lw, lb, m.normalization == "RMSNorm", m.eps, m.zero_centered_gamma)
-    y = F.linear(act32(F.linear(ln, w1, b1), m.activation), w2, b2)
+    y = F.linear(act32(F.linear(ln, w1, b1), m.activation, m.activation_params), w2, b2)
     y.backward(dy.float())
     return (y.detach(), x32.grad, *[None if p is None else p.grad for p in leaves])
 
@@ -103,11 +112,11 @@ def emulate(m, r, x, dy, s1=(None, None), s2=(None, None)):
     ln32 = te_norm32(x, lw, lb, rms, m.eps, m.zero_centered_gamma)
     x1q, w1q = qx1(ln32), qw1(w1)
     h = gemm(x1q, w1q, bias=b1, out_dtype=x.dtype, use_split_accumulator=split[0])
-    a32 = te_act32(h, m.activation)
+    a32 = te_act32(h, m.activation, m.activation_params)
     aq, w2q, g2q = qx2(a32), qw2(w2), qg2(dy)
     y = aq.dequantize(dtype=torch.float32) @ deq(qw2, w2, True).T + (0 if b2 is None else b2.float())
     da = gemm_dgrad(g2q, w2q, out_dtype=x.dtype, use_split_accumulator=split[1])
-    dh32 = te_act_bwd32(da, h, m.activation)
+    dh32 = te_act_bwd32(da, h, m.activation, m.activation_params)
     n = w2.shape[0]
     dw2 = deq(qg2, dy, False).reshape(-1, n).T @ deq(qx2, a32, False).reshape(-1, w2.shape[1])
     db2 = dy.float().reshape(-1, n).sum(0)
@@ -169,8 +178,53 @@ def same_bits(got, want):
     assert torch.equal(got.dequantize(dtype=torch.float32), want.dequantize(dtype=torch.float32))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        None,
+        {"limit": 0.75},
+        {"limit": 0.75, "alpha": 1.0, "glu_linear_offset": 0.0},
+        {"limit": 2.5, "alpha": 3.0},
+    ],
+    ids=str,
+)
+def test_clamped_swiglu_kernels_match_torch_autograd(params):
+    """te's clamped_swiglu forward and backward (CPU kernels) against the fp32 torch formula and
+    its autograd, with pre-activations well beyond +-limit on both halves; the gradient is zero
+    where a clamp holds."""
+    limit = (params or {}).get("limit", 7.0)
+    g = torch.Generator().manual_seed(12)
+    h = (torch.rand(40, 2 * FFN, generator=g) * 2 - 1) * 3 * limit
+    h[0, :4] = h[0, FFN : FFN + 4] = torch.tensor([limit, -limit, 0.0, 2 * limit])
+    grad = torch.randn(40, FFN, generator=g)
+    hr = h.clone().requires_grad_(True)
+    want = clamped_swiglu32(*hr.chunk(2, dim=-1), params)
+    want.backward(grad)
+    assert rel(te_act32(h, "clamped_swiglu", params), want) <= 1e-6
+    dx = te_act_bwd32(grad, h, "clamped_swiglu", params)
+    assert rel(dx, hr.grad) <= 1e-6
+    a, b = h.chunk(2, dim=-1)
+    clamped = torch.cat([a > limit, b.abs() > limit], dim=-1)
+    assert 0.2 < clamped.float().mean() < 0.8  # both regions exercised
+    assert (dx[clamped] == 0).all() and (dx[~clamped] != 0).float().mean() > 0.99
+    out, db = _fused.activation_bwd(
+        grad,
+        h,
+        ACTIVATIONS["clamped_swiglu"],
+        None,
+        torch.float32,
+        _ops.activation_params("clamped_swiglu", params),
+    )
+    assert torch.equal(out, dx) and rel(db, hr.grad.sum(0)) <= 1e-6
+    # TE's defaults spelled out are te-core's own (no te_activation_config at all)
+    if params is None:
+        full = {"limit": 7, "alpha": 1.702, "glu_linear_offset": 1}
+        bare = _fused_kernels.activation_fwd(h, ACTIVATIONS["clamped_swiglu"], None, torch.float32, None)[0]
+        assert torch.equal(te_act32(h, "clamped_swiglu", full), bare)
+
+
 @pytest.mark.parametrize("qname", list(QUANTIZERS))
-@pytest.mark.parametrize("name", ["gelu", "srelu", "swiglu", "glu"])
+@pytest.mark.parametrize("name", ["gelu", "srelu", "swiglu", "glu", "clamped_swiglu"])
 def test_fused_activation_outputs_are_fp32_result_then_quantize(name, qname):
     g = torch.Generator().manual_seed(3)
     h = (torch.randn(48, 2 * FFN, generator=g) * 3).bfloat16()
@@ -234,12 +288,12 @@ def test_high_precision_matches_torch_modules(name):
 # 3 x 7 tokens: padded to a multiple of 16 inside (_token_pad), which must change nothing
 @pytest.mark.parametrize("lead", [(2, 16), (3, 7)], ids=["32_tokens", "21_tokens"])
 @pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
-@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("act", ["gelu", "swiglu", "clamped_swiglu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rname", list(RECIPES))
 def test_recipes_match_emulated_and_fp32_reference(rname, dtype, act, norm, lead):
     r = RECIPES[rname]()
-    m = make(act, dtype, norm)
+    m = make(act, dtype, norm, **act_kw(act))
     x, dy = data((*lead, H), dtype)
     if r.delayed():  # a first step sets the scales the checked (second) step uses
         run(m, x * 0.7, dy * 0.7, r)
@@ -253,6 +307,8 @@ def test_recipes_match_emulated_and_fp32_reference(rname, dtype, act, norm, lead
     # on the H200 machine, under 0.1 with 2.13 here); the emulated check above is the exact one,
     # this one catches scale or layout errors, which are near 1.
     grad_tol = 0.2 if r.fp8_format == recipe.Format.HYBRID else 0.15
+    if act == "clamped_swiglu":  # FC1's FP8 input moves pre-activations across +-limit, where the
+        grad_tol = 0.35  # derivative jumps to 0: 0.29 from fp32 at worst with limit 0.75 here
     assert rel(got[0], want[0]) <= 0.1
     for g, w, what in zip(got[1:], want[1:], NAMES[1:], strict=True):
         if w is not None:
@@ -335,11 +391,12 @@ def test_extra_state_has_one_entry_per_gemm_and_round_trips():
         fresh.set_extra_state({"fc1": torch.zeros(3)})
 
 
+@pytest.mark.parametrize("act", ["swiglu", "clamped_swiglu"])
 @pytest.mark.parametrize("name", ["current", "block"])
-def test_compile_fullgraph_matches_eager(name):
+def test_compile_fullgraph_matches_eager(name, act):
     torch._dynamo.reset()
     r = RECIPES[name]()
-    m = make("swiglu")
+    m = make(act, **act_kw(act))
 
     def step(x):
         with te.autocast(recipe=r):
@@ -358,15 +415,10 @@ def test_compile_fullgraph_matches_eager(name):
 
 def test_bad_arguments_say_what_is_expected():
     with pytest.raises(
-        ValueError, match=r"LayerNormMLP: activation: expected one of 'gelu', 'relu', .*'glu', got 'gelu_new'"
+        ValueError,
+        match=r"LayerNormMLP: activation: expected one of 'gelu', 'relu', .*'glu', 'clamped_swiglu', got 'gelu_new'",
     ):
         te.LayerNormMLP(8, 16, activation="gelu_new", device="cpu")
-    with pytest.raises(NotImplementedError, match=r"activation='clamped_swiglu' is not implemented"):
-        te.LayerNormMLP(8, 16, activation="clamped_swiglu", device="cpu")
-    with pytest.raises(NotImplementedError, match=r"activation_params is only used by clamped_swiglu"):
-        te.LayerNormMLP(8, 16, activation_params={"limit": 7.0}, device="cpu")
-    with pytest.raises(NotImplementedError, match=r"checkpoint=True is not implemented"):
-        te.LayerNormMLP(8, 16, checkpoint=True, device="cpu")
     with pytest.raises(ValueError, match=r"ffn_hidden_size=16 does not split over tp_size=3 ranks"):
         te.LayerNormMLP(8, 16, set_parallel_mode=True, tp_size=3, device="cpu")
     with pytest.raises(ValueError, match=r"ffn_hidden_size: expected an int >= 1, got -4"):
@@ -414,3 +466,88 @@ def test_calibration_records_each_gemm_input_and_weight():
         amax = torch.stack([inp.abs().max(), w.detach().abs().max()])
         assert torch.allclose(state.fwd.amax_history[1, :2], amax, rtol=1e-6)  # rolled to row 1
         assert torch.allclose(state.fwd.scale[:2], 448.0 / amax, rtol=1e-6)
+
+
+@pytest.mark.parametrize("params", [None, CLAMP], ids=["defaults", "limit_0.75"])
+def test_clamped_swiglu_high_precision_matches_torch_modules(params):
+    """activation="clamped_swiglu": FC1 twice as wide, the activation half first; the module
+    against torch's LayerNorm / Linear around the fp32 clamped SwiGLU, with inputs large enough
+    that the clamps hold for many elements (a limit of 0.75) or some (TE's 7)."""
+    torch.manual_seed(0)
+    m = te.LayerNormMLP(H, FFN, activation="clamped_swiglu", activation_params=params, device="cpu")
+    with torch.no_grad():
+        m.layer_norm_weight.normal_(1.0, 0.3)
+        m.fc1_weight.normal_(0, 0.4 if params is None else 0.15)
+        m.fc1_bias.normal_(0, 0.5)
+        m.fc2_weight.normal_(0, 0.1)
+    assert m.fc1_weight.shape == (2 * FFN, H) and m.activation_params is params
+    ln, fc1, fc2 = torch.nn.LayerNorm(H, eps=m.eps), torch.nn.Linear(H, 2 * FFN), torch.nn.Linear(FFN, H)
+    with torch.no_grad():
+        for dst, src in ((ln.weight, m.layer_norm_weight), (ln.bias, m.layer_norm_bias), (fc1.weight, m.fc1_weight),
+                         (fc1.bias, m.fc1_bias), (fc2.weight, m.fc2_weight), (fc2.bias, m.fc2_bias)):  # fmt: skip
+            dst.copy_(src)
+    x, dy = data((2, 16, H), torch.float32, seed=11)
+    h = fc1(ln(x)).detach()
+    limit = (params or {}).get("limit", 7.0)
+    a, b = h.chunk(2, dim=-1)
+    assert (a > limit).any() and (b.abs() > limit).any() and (a.abs() < limit).any()
+    got = run(m, x, dy)
+    xt = x.clone().requires_grad_(True)
+    yt = fc2(clamped_swiglu32(*fc1(ln(xt)).chunk(2, dim=-1), params))
+    yt.backward(dy)
+    want = (yt.detach(), xt.grad, ln.weight.grad, ln.bias.grad, fc1.weight.grad, fc1.bias.grad,
+            fc2.weight.grad, fc2.bias.grad)  # fmt: skip
+    check(got, want, 1e-5, torch.float32)
+
+
+def test_clamped_swiglu_params_reach_every_path():
+    """A non-default limit changes the result on each path the module takes: high precision,
+    inference (no autograd), the fused eager FP8 step (per-tensor and block), and the
+    TransformerLayer passes activation_params on."""
+    x, dy = data((32, H), torch.float32, seed=13)
+    loose, tight = (make("clamped_swiglu", activation_params={"limit": lim}) for lim in (7.0, 0.5))
+    for r in (None, recipe.Float8CurrentScaling(), recipe.Float8BlockScaling()):
+        a, b = run(loose, x, dy, r), run(tight, x, dy, r)
+        assert rel(a[0], b[0]) > 0.05 and rel(a[4], b[4]) > 0.05, r  # y and dfc1_weight differ
+    with torch.no_grad():
+        assert rel(loose(x), tight(x)) > 0.05
+    layer = te.TransformerLayer(H, FFN, 4, activation="clamped_swiglu", activation_params={"limit": 0.5},
+                                device="cpu")  # fmt: skip
+    assert layer.layernorm_mlp._act_params == (0.5, 1.702, 1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, message",
+    [
+        ({"activation_params": [7.0]}, TypeError, r"LayerNormMLP: activation_params: expected a dict or None, got list"),
+        ({"activation_params": {"limt": 7.0}}, ValueError,
+         r"LayerNormMLP: activation_params: unexpected key 'limt' for activation='clamped_swiglu'; expected some "
+         r"of 'limit', 'alpha', 'glu_linear_offset'"),
+        ({"activation_params": {"limit": 0.0}}, ValueError,
+         r"LayerNormMLP: activation_params\['limit'\]: expected a value > 0 \(the clamp bound\), got 0.0"),
+        ({"activation_params": {"limit": float("nan")}}, ValueError, r"activation_params\['limit'\]: expected a value > 0"),
+        ({"activation_params": {"alpha": float("inf")}}, ValueError,
+         r"LayerNormMLP: activation_params\['alpha'\]: expected a finite value, got inf"),
+        ({"activation_params": {"glu_linear_offset": "1"}}, TypeError,
+         r"LayerNormMLP: activation_params\['glu_linear_offset'\]: expected a number, got str"),
+        ({"activation_params": {"alpha": True}}, TypeError, r"activation_params\['alpha'\]: expected a number, got bool"),
+        ({"activation": "swiglu", "activation_params": {"limit": 7.0}}, ValueError,
+         r"LayerNormMLP: activation_params: activation='swiglu' takes no parameters \(only 'clamped_swiglu' does\), "
+         r"got \{'limit': 7.0\}"),
+    ],
+)  # fmt: skip
+def test_activation_params_errors_name_the_argument(kwargs, exc, message):
+    kwargs = {"activation": "clamped_swiglu", **kwargs}
+    with pytest.raises(exc, match=message):
+        te.LayerNormMLP(8, 16, device="cpu", **kwargs)
+
+
+def test_activation_params_accepted_forms():
+    """Any subset of TE's keys (ints too), and None or {} for the other activations."""
+    m = te.LayerNormMLP(8, 16, activation="clamped_swiglu", activation_params={"limit": 3}, device="cpu")
+    assert m._act_params == (3.0, 1.702, 1.0)
+    m = te.LayerNormMLP(
+        8, 16, activation="clamped_swiglu", activation_params={"limit": float("inf")}, device="cpu"
+    )
+    assert m._act_params == (float("inf"), 1.702, 1.0)
+    assert te.LayerNormMLP(8, 16, activation="gelu", activation_params={}, device="cpu")._act_params is None

@@ -47,6 +47,17 @@ def test_fused_step_matches_op_by_op(monkeypatch, recipe_name, norm, activation,
 
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_clamped_swiglu_params_match_op_by_op(monkeypatch, recipe_name):
+    """activation_params reach te_activation_fwd_v2 / _bwd_v2 inside the fused step as they do op
+    by op (a limit low enough that the clamps hold for many elements)."""
+    seen = calls(monkeypatch, _layernorm_mlp_step, "_bwd")
+    params = {"limit": 0.75, "alpha": 1.5, "glu_linear_offset": 0.5}
+    a, b, recipe = pair(_make(activation="clamped_swiglu", activation_params=params), recipe_name)
+    _compare(a, b, recipe, (3, 7, 128))
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("zcg", [False, True])
 @pytest.mark.parametrize("activation", ["silu", "qgelu", "sreglu"])

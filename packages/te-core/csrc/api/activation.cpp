@@ -2,6 +2,7 @@
 // kernel a flat argument struct (common/kernels.h). Formulas and conventions: te/activation.h.
 #include "te/activation.h"
 
+#include <cmath>
 #include <string>
 
 #include "api/quantize_output.h"
@@ -28,10 +29,32 @@ bool check_activation(int32_t activation) {
     case TE_ACTIVATION_SWIGLU:
     case TE_ACTIVATION_QGEGLU:
     case TE_ACTIVATION_SREGLU:
-    case TE_ACTIVATION_GLU: return true;
+    case TE_ACTIVATION_GLU:
+    case TE_ACTIVATION_CLAMPED_SWIGLU: return true;
   }
-  fail(TE_ERROR_INVALID_ARGUMENT, "activation: expected a te_activation value (0..4 or 100..105), "
+  fail(TE_ERROR_INVALID_ARGUMENT, "activation: expected a te_activation value (0..4 or 100..106), "
        "got ", activation);
+}
+
+// The kernels' parameters: act_config as far as its struct_size reaches over the defaults,
+// checked for the kinds that read them (the others get the defaults, whatever was passed).
+ActivationParams read_params(const te_activation_config* act_config, int32_t activation) {
+  te_activation_config c = te_activation_config_init();
+  if (act_config != nullptr) {
+    read_versioned(*act_config, sizeof(te_activation_config), "act_config", &c);
+  }
+  ActivationParams p;
+  if (activation != TE_ACTIVATION_CLAMPED_SWIGLU) return p;
+  TE_CHECK_ARG(c.limit > 0.0f, "act_config->limit: expected a value > 0 (the clamp bound; +inf: "
+               "no clamp), got ", c.limit);
+  TE_CHECK_ARG(std::isfinite(c.alpha), "act_config->alpha: expected a finite value, got ",
+               c.alpha);
+  TE_CHECK_ARG(std::isfinite(c.glu_linear_offset),
+               "act_config->glu_linear_offset: expected a finite value, got ", c.glu_linear_offset);
+  p.limit = c.limit;
+  p.alpha = c.alpha;
+  p.glu_linear_offset = c.glu_linear_offset;
+  return p;
 }
 
 void check_source(const te_tensor* t, const char* name) {
@@ -67,13 +90,16 @@ bool check_dbias(const te_tensor* dbias, const te_tensor& ref, const char* ref_n
 }
 
 void activation_fwd(const te_tensor* input, te_quantized_tensor* output, int32_t activation,
-                    const te_quant_config* config, void* stream) {
+                    const te_activation_config* act_config, const te_quant_config* config,
+                    void* stream) {
   check_source(input, "input");
   const bool gated = check_activation(activation);
+  const ActivationParams params = read_params(act_config, activation);
   const te_tensor result = result_shape(*input, gated);
   ActivationFwdArgs a{};
   a.out = plan_fused_output(result, output, config, "output", "config");
   a.activation = activation;
+  a.params = params;
   a.input = input->data;
   a.in_dtype = input->dtype;
   matrix_dims(result, &a.rows, &a.cols);
@@ -84,10 +110,11 @@ void activation_fwd(const te_tensor* input, te_quantized_tensor* output, int32_t
 }
 
 void activation_bwd(const te_tensor* grad, const te_tensor* input, te_quantized_tensor* dx,
-                    te_tensor* dbias, int32_t activation, const te_quant_config* config,
-                    void* stream) {
+                    te_tensor* dbias, int32_t activation, const te_activation_config* act_config,
+                    const te_quant_config* config, void* stream) {
   check_source(input, "input");
   const bool gated = check_activation(activation);
+  const ActivationParams params = read_params(act_config, activation);
   const te_tensor result = result_shape(*input, gated);
   check_source(grad, "grad");
   check_same_device(*grad, "grad", input->device, "input");
@@ -107,6 +134,7 @@ void activation_bwd(const te_tensor* grad, const te_tensor* input, te_quantized_
   a.dx = plan_fused_output(dx_shape, dx, config, "dx", "config");
   const bool with_dbias = check_dbias(dbias, *input, "input");
   a.activation = activation;
+  a.params = params;
   a.grad = grad->data;
   a.grad_dtype = grad->dtype;
   a.input = input->data;
@@ -146,15 +174,33 @@ extern "C" {
 
 te_status te_activation_fwd(const te_tensor* input, te_quantized_tensor* output,
                             int32_t activation, const te_quant_config* config, void* stream) {
-  return te::guard("te_activation_fwd",
-                   [&] { te::activation_fwd(input, output, activation, config, stream); });
+  return te::guard("te_activation_fwd", [&] {
+    te::activation_fwd(input, output, activation, nullptr, config, stream);
+  });
 }
 
 te_status te_activation_bwd(const te_tensor* grad, const te_tensor* input,
                             te_quantized_tensor* dx, te_tensor* dbias, int32_t activation,
                             const te_quant_config* config, void* stream) {
   return te::guard("te_activation_bwd", [&] {
-    te::activation_bwd(grad, input, dx, dbias, activation, config, stream);
+    te::activation_bwd(grad, input, dx, dbias, activation, nullptr, config, stream);
+  });
+}
+
+te_status te_activation_fwd_v2(const te_tensor* input, te_quantized_tensor* output,
+                               int32_t activation, const te_activation_config* act_config,
+                               const te_quant_config* config, void* stream) {
+  return te::guard("te_activation_fwd_v2", [&] {
+    te::activation_fwd(input, output, activation, act_config, config, stream);
+  });
+}
+
+te_status te_activation_bwd_v2(const te_tensor* grad, const te_tensor* input,
+                               te_quantized_tensor* dx, te_tensor* dbias, int32_t activation,
+                               const te_activation_config* act_config,
+                               const te_quant_config* config, void* stream) {
+  return te::guard("te_activation_bwd_v2", [&] {
+    te::activation_bwd(grad, input, dx, dbias, activation, act_config, config, stream);
   });
 }
 

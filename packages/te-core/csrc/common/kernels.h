@@ -178,8 +178,17 @@ struct NormBwdArgs {
 };
 
 // Activations (te/activation.h). in_cols = 2 * cols for gated kinds (act half first), else cols.
+// The parameters of the parameterized kinds (te_activation_config; CLAMPED_SWIGLU's), checked by
+// the API; other kinds ignore them.
+struct ActivationParams {
+  float limit = 7.0f;
+  float alpha = 1.702f;
+  float glu_linear_offset = 1.0f;
+};
+
 struct ActivationFwdArgs {
   int32_t activation;       // te_activation
+  ActivationParams params;
   const void* input;        // [rows, in_cols]
   int32_t in_dtype;
   int64_t rows, cols;       // the output's
@@ -189,6 +198,7 @@ struct ActivationFwdArgs {
 
 struct ActivationBwdArgs {
   int32_t activation;
+  ActivationParams params;
   const void* grad;         // [rows, cols]
   int32_t grad_dtype;
   const void* input;        // [rows, in_cols], the pre-activation

@@ -1,6 +1,7 @@
 // Activation reference (te/activation.h has the contract): TE's fp32 formulas, elementwise, the
-// gated kinds as act(first half) * second half. The result goes through write_fused_output, so a
-// quantized output is exactly te_quantize of the fp32 result.
+// gated kinds as act(first half) * second half (CLAMPED_SWIGLU: of the clamped halves, the
+// linear one offset). The result goes through write_fused_output, so a quantized output is
+// exactly te_quantize of the fp32 result.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -81,18 +82,44 @@ float dact(int32_t kind, float x) {
   }
 }
 
+// CLAMPED_SWIGLU at one element pair (a, b), in the CUDA kernels' operation order
+// (cuda/activation.cuh's Clamped): a' = min(a, limit), b' = clamp(b, -limit, limit), NaN kept.
+struct Clamped {
+  float y, s, act, gate;  // alpha a', sigmoid(alpha a'), a' s, b' + glu_linear_offset
+
+  Clamped(const ActivationParams& p, float a, float b) {
+    const float ac = a > p.limit ? p.limit : a;
+    y = p.alpha * ac;
+    s = sigmoid(y);
+    act = ac * s;
+    const float bc = b > p.limit ? p.limit : (b < -p.limit ? -p.limit : b);
+    gate = bc + p.glu_linear_offset;
+  }
+  // d(a' s)/da' (the caller zeroes it above the clamp; at a == limit it is kept, as TE's and
+  // torch.clamp's gradients keep it)
+  float dact() const { return std::fma(y, dsigmoid_of(s), s); }
+};
+
 }  // namespace
 
 void activation_fwd(const ActivationFwdArgs& args, void* /*stream*/) {
   const int64_t rows = args.rows, cols = args.cols, in_cols = args.in_cols;
   const int32_t kind = base_kind(args.activation);
   const bool gated = is_gated(args.activation);
+  const bool clamped = args.activation == TE_ACTIVATION_CLAMPED_SWIGLU;
   std::vector<float> y(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const float a = load_as_float(args.input, args.in_dtype, r * in_cols + c);
-      float v = act(kind, a);
-      if (gated) v = v * load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+      float v;
+      if (clamped) {
+        const float b = load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+        const Clamped k(args.params, a, b);
+        v = k.act * k.gate;
+      } else {
+        v = act(kind, a);
+        if (gated) v = v * load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+      }
       y[r * cols + c] = v;
     }
   }
@@ -103,12 +130,19 @@ void activation_bwd(const ActivationBwdArgs& args, void* /*stream*/) {
   const int64_t rows = args.rows, cols = args.cols, in_cols = args.in_cols;
   const int32_t kind = base_kind(args.activation);
   const bool gated = is_gated(args.activation);
+  const bool clamped = args.activation == TE_ACTIVATION_CLAMPED_SWIGLU;
+  const ActivationParams& p = args.params;
   std::vector<float> dx(static_cast<size_t>(rows * in_cols));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const float g = load_as_float(args.grad, args.grad_dtype, r * cols + c);
       const float a = load_as_float(args.input, args.in_dtype, r * in_cols + c);
-      if (gated) {
+      if (clamped) {
+        const float b = load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
+        const Clamped k(p, a, b);
+        dx[r * in_cols + c] = a > p.limit ? 0.0f : (g * k.dact()) * k.gate;
+        dx[r * in_cols + cols + c] = b > p.limit || b < -p.limit ? 0.0f : g * k.act;
+      } else if (gated) {
         const float b = load_as_float(args.input, args.in_dtype, r * in_cols + cols + c);
         dx[r * in_cols + c] = (g * dact(kind, a)) * b;
         dx[r * in_cols + cols + c] = g * act(kind, a);

@@ -12,16 +12,19 @@
 // evaluates them (the flat pass, the tile kernel) gets the same bits: a quantized output is
 // exactly te_quantize of this backend's own fp32 result.
 //
-// Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid), gating
-// and output mode; the dtypes of grad and input are run-time values (uniform branches once per 8
+// Kernels are instantiated per base activation (GELU, RELU, SILU, QGELU, SRELU, sigmoid, and
+// CLAMPED_SWIGLU's clamped SiLU, whose gate half is clamped and offset too), gating and output
+// mode; the dtypes of grad and input are run-time values (uniform branches once per 8
 // elements), which keeps the instantiation count and the build time down.
 // The loaders (activation_*.cu) plug the math into cuda/fused_output.cuh, which picks the passes.
 // They rely on: zero inputs give a +-0 result for every kind (act(0) = 0 for the plain kinds, a
-// zero gate or a zero grad elsewhere, and act/dact are finite at 0), so the zero-filled tail of a
-// partial unit never raises a max or a column sum.
+// zero gate or a zero grad elsewhere, and act/dact are finite at 0; CLAMPED_SWIGLU's gate at
+// b = 0 is its finite offset), so the zero-filled tail of a partial unit never raises a max or a
+// column sum.
 #pragma once
 
 #include "common/error.h"
+#include "common/kernels.h"
 #include "cuda/cuda_utils.cuh"
 #include "te/activation.h"
 
@@ -30,7 +33,7 @@ namespace cuda {
 namespace activation {
 
 // The activation of a plain kind, and of a gated kind's first half (GLU's is the sigmoid).
-enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid };
+enum Base : int { kGelu, kRelu, kSilu, kQgelu, kSrelu, kSigmoid, kClampedSilu };
 
 // 2^t: ex2.approx with ftz. Its non-ftz form guards results below 2^-126 (3 more instructions
 // per call, ncu / SASS: NOTES.md); every use below feeds 1 + 2^t, to which such a result adds
@@ -119,6 +122,24 @@ __device__ __forceinline__ float dact(float x) {
   }
 }
 
+// CLAMPED_SWIGLU at one element pair (a, b) (te/activation.h; the loaders apply its gradient's
+// masks): a' = min(a, limit), b' = clamp(b, -limit, limit), a NaN kept (the comparisons are
+// false for it). The CPU reference's Clamped, operation for operation.
+struct Clamped {
+  float y, s, act, gate;  // alpha a', sigmoid(alpha a'), a' s, b' + glu_linear_offset
+
+  __device__ __forceinline__ Clamped(const ActivationParams& p, float a, float b) {
+    const float ac = a > p.limit ? p.limit : a;
+    y = __fmul_rn(p.alpha, ac);
+    s = sigmoid(y);
+    act = __fmul_rn(ac, s);
+    const float bc = b > p.limit ? p.limit : (b < -p.limit ? -p.limit : b);
+    gate = __fadd_rn(bc, p.glu_linear_offset);
+  }
+  // d(a' s)/da', unmasked
+  __device__ __forceinline__ float dact() const { return __fmaf_rn(y, dsigmoid_of(s), s); }
+};
+
 // Calls f(IntC<base>{}, IntC<gated>{}) for a te_activation (the API validated it). Gated is a
 // compile-time value: a plain kind's loaders then hold no gate registers and its backward
 // computes only act'(x), which is what lets its kernels run more CTAs per SM.
@@ -136,6 +157,7 @@ inline void with_base(int32_t activation, F&& f) {
     case TE_ACTIVATION_QGEGLU: f(IntC<kQgelu>{}, IntC<1>{}); break;
     case TE_ACTIVATION_SREGLU: f(IntC<kSrelu>{}, IntC<1>{}); break;
     case TE_ACTIVATION_GLU: f(IntC<kSigmoid>{}, IntC<1>{}); break;
+    case TE_ACTIVATION_CLAMPED_SWIGLU: f(IntC<kClampedSilu>{}, IntC<1>{}); break;
     default: fail(TE_ERROR_INTERNAL, "CUDA activation: unexpected kind ", activation);
   }
 }

@@ -16,8 +16,10 @@ namespace activation {
 
 // dx[r, c] for the result dx [rows, in_cols]; grad [rows, n]. Plain: grad * act'(x). Gated
 // (in_cols = 2n): columns c < n are (grad * act'(a)) * b, columns n + j are grad * act(a), with
-// a = in[r, j], b = in[r, n + j] and grad[r, j]. A unit of 8 columns lies in one half when n is a
-// multiple of 8 (the vector path requires it); otherwise elements are gathered one by one.
+// a = in[r, j], b = in[r, n + j] and grad[r, j]; kClampedSilu's with its clamps, offset and
+// masks (te/activation.h), which read b for the second half's columns too. A unit of 8 columns
+// lies in one half when n is a multiple of 8 (the vector path requires it); otherwise elements
+// are gathered one by one.
 // kNarrow: grad and input both 16-bit (as FwdLoader's).
 template <int kBase, bool kGated, bool kNarrow>
 struct BwdLoader {
@@ -40,6 +42,8 @@ struct BwdLoader {
   int32_t grad_dtype, in_dtype;
   int64_t n, in_cols;
   bool vec;  // pointers aligned, row pitches multiples of 16 bytes, gated: n % 8 == 0
+  ActivationParams p;  // kClampedSilu's
+  static constexpr bool kClamped = kBase == kClampedSilu;
 
   __device__ __forceinline__ void load(Raw& raw, int64_t r, int64_t c) const {
     const int64_t left = in_cols - c;
@@ -57,7 +61,7 @@ struct BwdLoader {
       const int64_t j = first ? c : c - n;
       raw.g.load_vec(grad, r * n + j, grad_dtype);
       raw.a.load_vec(in, r * in_cols + j, in_dtype);
-      if (first) {
+      if (first || kClamped) {
         raw.b.load_vec(in, r * in_cols + n + j, in_dtype);
       } else {
         raw.b.zero();
@@ -74,7 +78,7 @@ struct BwdLoader {
         const int64_t j = first ? cc : cc - n;
         raw.g.load_one(k, grad, r * n + j, grad_dtype);
         raw.a.load_one(k, in, r * in_cols + j, in_dtype);
-        if (first) raw.b.load_one(k, in, r * in_cols + n + j, in_dtype);
+        if (first || kClamped) raw.b.load_one(k, in, r * in_cols + n + j, in_dtype);
       }
     }
   }
@@ -86,6 +90,20 @@ struct BwdLoader {
     if constexpr (!kGated) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) dx.w[k] = __float_as_uint(__fmul_rn(g[k], dact<kBase>(a[k])));
+    } else if constexpr (kClamped) {
+      float b[8];
+      raw.b.decode(in_dtype, b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const Clamped v(p, a[k], b[k]);
+        float d;
+        if (c + k < n) {
+          d = a[k] > p.limit ? 0.0f : __fmul_rn(__fmul_rn(g[k], v.dact()), v.gate);
+        } else {
+          d = b[k] > p.limit || b[k] < -p.limit ? 0.0f : __fmul_rn(g[k], v.act);
+        }
+        dx.w[k] = __float_as_uint(d);
+      }
     } else {
       float b[8];
       raw.b.decode(in_dtype, b);
@@ -111,6 +129,7 @@ void activation_bwd_width(const ActivationBwdArgs& a, cudaStream_t stream) {
     ld.in_dtype = a.in_dtype;
     ld.n = a.cols;
     ld.in_cols = a.in_cols;
+    ld.p = a.params;
     ld.vec = vec_rows(a.grad, a.cols, fused::source_bytes(a.grad_dtype)) &&
             vec_rows(a.input, a.in_cols, fused::source_bytes(a.in_dtype)) &&
             (!gated || a.cols % 8 == 0);

@@ -38,6 +38,7 @@ struct FwdLoader {
   int32_t dtype;
   int64_t cols, in_cols;
   bool vec;  // input aligned, row pitch and gate offset multiples of 16 bytes
+  ActivationParams p;  // kClampedSilu's
 
   __device__ __forceinline__ void load(Raw& raw, int64_t r, int64_t c) const {
     const int64_t i = r * in_cols + c;
@@ -55,7 +56,15 @@ struct FwdLoader {
   __device__ __forceinline__ void finish(const Raw& raw, int64_t, Raw8<float>& y) const {
     float a[8];
     raw.a.decode(dtype, a);
-    if constexpr (kGated) {
+    if constexpr (kBase == kClampedSilu) {
+      float b[8];
+      raw.b.decode(dtype, b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const Clamped v(p, a[k], b[k]);
+        y.w[k] = __float_as_uint(__fmul_rn(v.act, v.gate));
+      }
+    } else if constexpr (kGated) {
       float b[8];
       raw.b.decode(dtype, b);
 #pragma unroll
@@ -76,6 +85,7 @@ void activation_fwd_width(const ActivationFwdArgs& a, cudaStream_t stream) {
     ld.dtype = a.in_dtype;
     ld.cols = a.cols;
     ld.in_cols = a.in_cols;
+    ld.p = a.params;
     const int64_t bytes = fused::source_bytes(a.in_dtype);
     ld.vec = vec_rows(a.input, a.in_cols, bytes) && (!gated || (a.cols * bytes) % 16 == 0);
     fused::write<false>(a.out, ld, a.rows, a.cols, fused::Dbias{nullptr, 0}, stream);

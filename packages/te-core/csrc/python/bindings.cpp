@@ -546,7 +546,23 @@ PYBIND11_MODULE(_C, m) {
       .value("SWIGLU", TE_ACTIVATION_SWIGLU)
       .value("QGEGLU", TE_ACTIVATION_QGEGLU)
       .value("SREGLU", TE_ACTIVATION_SREGLU)
-      .value("GLU", TE_ACTIVATION_GLU);
+      .value("GLU", TE_ACTIVATION_GLU)
+      .value("CLAMPED_SWIGLU", TE_ACTIVATION_CLAMPED_SWIGLU);
+
+  py::class_<te_activation_config>(m, "ActivationConfig", "te_activation_config")
+      .def(py::init([](float limit, float alpha, float glu_linear_offset) {
+             te_activation_config c = te_activation_config_init();
+             c.limit = limit;
+             c.alpha = alpha;
+             c.glu_linear_offset = glu_linear_offset;
+             return c;
+           }),
+           py::arg("limit") = 7.0f, py::arg("alpha") = 1.702f,
+           py::arg("glu_linear_offset") = 1.0f)
+      .def_readwrite("struct_size", &te_activation_config::struct_size)
+      .def_readwrite("limit", &te_activation_config::limit)
+      .def_readwrite("alpha", &te_activation_config::alpha)
+      .def_readwrite("glu_linear_offset", &te_activation_config::glu_linear_offset);
 
   py::class_<te_norm_config>(m, "NormConfig", "te_norm_config")
       .def(py::init([](float eps, bool zero_centered_gamma) {
@@ -623,27 +639,36 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dz"), py::arg("x"), py::arg("add"), py::arg("rsigma"), py::arg("gamma"),
       py::arg("dx"), py::arg("dgamma"), py::arg("config") = py::none(), py::arg("stream") = 0,
       py::call_guard<py::gil_scoped_release>());
+  // With act_config these call the _v2 entry points (te_activation_config), else the 0.1.0 ones.
   m.def(
       "activation_fwd",
       [](const te_tensor& input, te_quantized_tensor& output, int32_t activation,
-         const std::optional<te_quant_config>& config, uintptr_t stream) {
-        check(te_activation_fwd(&input, &output, activation, config ? &*config : nullptr,
-                                as_stream(stream)));
+         const std::optional<te_quant_config>& config, uintptr_t stream,
+         const std::optional<te_activation_config>& act_config) {
+        const te_quant_config* c = config ? &*config : nullptr;
+        void* s = as_stream(stream);
+        check(act_config ? te_activation_fwd_v2(&input, &output, activation, &*act_config, c, s)
+                         : te_activation_fwd(&input, &output, activation, c, s));
       },
       py::arg("input"), py::arg("output"), py::arg("activation"), py::arg("config") = py::none(),
-      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
+      py::arg("stream") = 0, py::arg("act_config") = py::none(),
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "activation_bwd",
       [](const te_tensor& grad, const te_tensor& input, te_quantized_tensor& dx,
          std::optional<te_tensor> dbias, int32_t activation,
-         const std::optional<te_quant_config>& config, uintptr_t stream) {
+         const std::optional<te_quant_config>& config, uintptr_t stream,
+         const std::optional<te_activation_config>& act_config) {
         te_tensor dbias_t = or_absent(dbias);
-        check(te_activation_bwd(&grad, &input, &dx, &dbias_t, activation,
-                                config ? &*config : nullptr, as_stream(stream)));
+        const te_quant_config* c = config ? &*config : nullptr;
+        void* s = as_stream(stream);
+        check(act_config ? te_activation_bwd_v2(&grad, &input, &dx, &dbias_t, activation,
+                                                &*act_config, c, s)
+                         : te_activation_bwd(&grad, &input, &dx, &dbias_t, activation, c, s));
       },
       py::arg("grad"), py::arg("input"), py::arg("dx"), py::arg("dbias") = py::none(),
       py::arg("activation") = 0, py::arg("config") = py::none(), py::arg("stream") = 0,
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("act_config") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def(
       "dbias_quantize",
       [](const te_tensor& input, te_quantized_tensor& output, te_tensor& dbias,
@@ -825,36 +850,44 @@ PYBIND11_MODULE(_C, m) {
       "activation_fwd_flat",
       [](py::handle x, int32_t activation, int32_t out_mode, py::handle rd, py::handle rs,
          py::handle cd, py::handle cs, py::handle amax, py::handle scale,
-         const te_quant_config* config, uintptr_t stream) {
+         const te_quant_config* config, uintptr_t stream, const te_activation_config* act) {
         const te_tensor xt = spec(x, "x");
         te_quantized_tensor out = quantized(out_mode, rd, rs, cd, cs, amax, scale);
         void* s = as_stream(stream);
-        check(without_gil([&] { return te_activation_fwd(&xt, &out, activation, config, s); }));
+        check(without_gil([&] {
+          return act ? te_activation_fwd_v2(&xt, &out, activation, act, config, s)
+                     : te_activation_fwd(&xt, &out, activation, config, s);
+        }));
       },
       py::arg("x"), py::arg("activation"), py::arg("out_mode"), py::arg("rd").none(true),
       py::arg("rs").none(true), py::arg("cd").none(true), py::arg("cs").none(true),
       py::arg("amax").none(true), py::arg("scale").none(true),
       py::arg("config").none(true) = py::none(),
-      py::arg("stream") = 0,
-      "te_activation_fwd with every tensor a spec and the output given as its parts in "
-      "out_mode.");
+      py::arg("stream") = 0, py::arg("act_config").none(true) = py::none(),
+      "te_activation_fwd (te_activation_fwd_v2 with act_config) with every tensor a spec and "
+      "the output given as its parts in out_mode.");
   m.def(
       "activation_bwd_flat",
       [](py::handle grad, py::handle x, int32_t activation, int32_t dx_mode, py::handle rd,
          py::handle rs, py::handle cd, py::handle cs, py::handle amax, py::handle scale,
-         py::handle dbias, const te_quant_config* config, uintptr_t stream) {
+         py::handle dbias, const te_quant_config* config, uintptr_t stream,
+         const te_activation_config* act) {
         const te_tensor gt = spec(grad, "grad"), xt = spec(x, "x");
         te_quantized_tensor dx = quantized(dx_mode, rd, rs, cd, cs, amax, scale);
         te_tensor db = spec(dbias, "dbias");
         void* s = as_stream(stream);
-        check(without_gil(
-            [&] { return te_activation_bwd(&gt, &xt, &dx, &db, activation, config, s); }));
+        check(without_gil([&] {
+          return act ? te_activation_bwd_v2(&gt, &xt, &dx, &db, activation, act, config, s)
+                     : te_activation_bwd(&gt, &xt, &dx, &db, activation, config, s);
+        }));
       },
       py::arg("grad"), py::arg("x"), py::arg("activation"), py::arg("dx_mode"),
       py::arg("rd").none(true), py::arg("rs").none(true), py::arg("cd").none(true),
       py::arg("cs").none(true), py::arg("amax").none(true), py::arg("scale").none(true),
       py::arg("dbias").none(true), py::arg("config").none(true) = py::none(), py::arg("stream") = 0,
-      "te_activation_bwd with every tensor a spec and dx given as its parts in dx_mode.");
+      py::arg("act_config").none(true) = py::none(),
+      "te_activation_bwd (te_activation_bwd_v2 with act_config) with every tensor a spec and dx "
+      "given as its parts in dx_mode.");
   m.def(
       "dbias_quantize_flat",
       [](py::handle x, int32_t mode, py::handle rd, py::handle rs, py::handle cd, py::handle cs,

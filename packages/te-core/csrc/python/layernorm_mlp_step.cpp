@@ -57,7 +57,8 @@ void register_layernorm_mlp_step(py::module_& m) {
       [](bool rms, py::handle x, py::handle gamma, py::handle beta, py::handle ln_out,
          py::handle mu, py::handle rsigma, py::handle norm_config, py::handle w1, py::handle b1,
          py::handle h, py::handle fc1_config, int32_t activation, py::handle act_out,
-         py::handle w2, py::handle b2, py::handle out, py::handle fc2_config, uintptr_t stream) {
+         py::handle w2, py::handle b2, py::handle out, py::handle fc2_config, uintptr_t stream,
+         const te_activation_config* act_config) {
         NormFwd n = norm_fwd_args(rms, x, gamma, beta, ln_out, mu, rsigma, norm_config);
         Operand w1o = operand(w1, "w1");
         const te_tensor b1t = spec(b1, "b1"), ht = spec(h, "h");
@@ -79,7 +80,7 @@ void register_layernorm_mlp_step(py::module_& m) {
             TE_TRY(te_gemm(&x1, &w1r, &a.q, &c, s));
           } else {
             TE_TRY(gemm(only(n.out.q, true), only(w1o.q, true), ht, c1, b1t, s));
-            TE_TRY(te_activation_fwd(&ht, &a.q, activation, a.config, s));
+            TE_TRY(te_activation_fwd_v2(&ht, &a.q, activation, act_config, a.config, s));
           }
           if (w2o.quantize) TE_TRY(te_quantize(&w2o.src, &w2o.q, w2o.config, s));
           return gemm(rowwise_for(a.q, d), only(w2o.q, true), d, c2, b2t, s);
@@ -90,15 +91,17 @@ void register_layernorm_mlp_step(py::module_& m) {
       py::arg("w1"), py::arg("b1").none(true), py::arg("h"), py::arg("fc1_config"),
       py::arg("activation"), py::arg("act_out"), py::arg("w2"), py::arg("b2").none(true),
       py::arg("out"), py::arg("fc2_config"), py::arg("stream"),
+      py::arg("act_config").none(true) = py::none(),
       "out = act(norm(x) w1^T (+ b1)) w2^T (+ b2): the norm writes ln_out's packed copies "
       "(quant, row, col) and mu / rsigma (mu None with rms), FC1's fprop GEMM writes the "
-      "pre-activation h (high precision), te_activation_fwd writes act_out's packed copies, "
+      "pre-activation h (high precision), te_activation_fwd_v2 (act_config: None or an "
+      "ActivationConfig) writes act_out's packed copies, "
       "then FC2's fprop GEMM (a per-tensor act_out with more rows than out: its first rows, as "
       "linear_fwd's x); kind-0 weights are quantized right before their GEMM.");
   m.def(
       "layernorm_mlp_bwd",
       [](py::handle fc2, int32_t activation, py::handle h, py::handle fc1, py::handle norm,
-         uintptr_t stream) {
+         uintptr_t stream, const te_activation_config* act_config) {
         static const char* const names2[8] = {"fc2.dy",  "fc2.dbias",        "fc2.x",
                                               "fc2.w",   "fc2.dx",           "fc2.dgrad_config",
                                               "fc2.dw",  "fc2.wgrad_config"};
@@ -140,16 +143,18 @@ void register_layernorm_mlp_step(py::module_& m) {
           } else {
             TE_TRY(linear_gemms(l2, s));
             if (!present(l2.dx)) return TE_SUCCESS;
-            TE_TRY(te_activation_bwd(&l2.dx, &ht, &l1.g.q, &l1.db, activation, l1.g.config, s));
+            TE_TRY(te_activation_bwd_v2(&l2.dx, &ht, &l1.g.q, &l1.db, activation, act_config,
+                                        l1.g.config, s));
           }
           TE_TRY(linear_gemms(l1, s));
           return present(l1.dx) ? norm_bwd(l1.dx, n, s) : TE_SUCCESS;
         }));
       },
       py::arg("fc2"), py::arg("activation"), py::arg("h").none(true), py::arg("fc1").none(true),
-      py::arg("norm").none(true), py::arg("stream"),
+      py::arg("norm").none(true), py::arg("stream"), py::arg("act_config").none(true) = py::none(),
       "fc2 = linear_bwd's (dy, dbias, x, w, dx, dgrad_config, dw, wgrad_config) for FC2, its dx "
-      "the activation's gradient da; with da, te_activation_bwd(da, h) writes fc1's first item, "
+      "the activation's gradient da; with da, te_activation_bwd_v2(da, h) (act_config as "
+      "layernorm_mlp_fwd's) writes fc1's first item, "
       "a packed target (quant, row, col) of h's shape, and fc1's dbias (db1), then FC1's GEMMs as "
       "linear_bwd's; with fc1's dx (dln) the norm backward norm = (rms, x, mu, rsigma, gamma, "
       "dx, dgamma, dbeta, NormConfig) from dz = dln.");

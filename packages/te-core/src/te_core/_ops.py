@@ -9,6 +9,8 @@ Dtypes are te dtype ints (``te_core._C.DType``).
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from typing import NamedTuple
 
 from te_core import _C
@@ -186,7 +188,46 @@ ACTIVATIONS = {
     "qgeglu": 103,
     "sreglu": 104,
     "glu": 105,
+    "clamped_swiglu": 106,
 }
+# The parameterized kinds' parameters and defaults (te_activation_config; TE's LayerNormMLP
+# activation_params), in te_core._C.ActivationConfig's order.
+ACTIVATION_PARAMS = {"clamped_swiglu": {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}}
+
+
+def activation_params(name: str, params, arg: str = "activation_params") -> tuple[float, ...] | None:
+    """TE's ``activation_params`` for activation ``name`` as the tuple te_core._C.ActivationConfig
+    takes (its defaults filled in), or None for a kind without parameters (then ``params`` must
+    be None or empty). Raises TypeError / ValueError naming ``arg`` and the key."""
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"{arg}: expected a dict or None, got {type(params).__name__}")
+    defaults = ACTIVATION_PARAMS.get(name)
+    if defaults is None:
+        if params:
+            raise ValueError(
+                f"{arg}: activation={name!r} takes no parameters (only "
+                f"{', '.join(repr(k) for k in ACTIVATION_PARAMS)} does), got {params!r}"
+            )
+        return None
+    params = params or {}
+    unknown = [k for k in params if k not in defaults]
+    if unknown:
+        raise ValueError(
+            f"{arg}: unexpected key {unknown[0]!r} for activation={name!r}; expected some of "
+            f"{', '.join(repr(k) for k in defaults)}"
+        )
+    values = []
+    for key, default in defaults.items():
+        v = params.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{arg}[{key!r}]: expected a number, got {type(v).__name__}")
+        v = float(v)
+        if key == "limit" and not v > 0:
+            raise ValueError(f"{arg}['limit']: expected a value > 0 (the clamp bound), got {v}")
+        if key != "limit" and not math.isfinite(v):
+            raise ValueError(f"{arg}[{key!r}]: expected a finite value, got {v}")
+        values.append(v)
+    return tuple(values)
 
 
 def _rows(shape: tuple[int, ...]) -> int:

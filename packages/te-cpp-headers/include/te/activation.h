@@ -17,6 +17,16 @@
  * so checkpoints and fused FC1 weights from TE keep their meaning.
  *   GEGLU = GELU, REGLU = RELU, SWIGLU = SILU, QGEGLU = QGELU, SREGLU = SRELU, GLU = sigmoid.
  * Backward: dx = grad * act'(x); gated: dx[a] = (grad * act'(a)) * b, dx[b] = grad * act(a).
+ *
+ * CLAMPED_SWIGLU (GPT-OSS's SwiGLU, TE's "clamped_swiglu"), with te_activation_config's limit L,
+ * alpha and glu_linear_offset o (defaults 7, 1.702, 1: TE's):
+ *   a' = min(a, L)   b' = clamp(b, -L, L)   s = sigmoid(alpha a')   out = (a' s) * (b' + o)
+ *   dx[a] = (grad * (s + alpha a' s (1 - s))) * (b' + o) where a <= L, else 0
+ *   dx[b] = grad * (a' s)                                 where -L <= b <= L, else 0
+ * (the activation half is clamped from above only; the derivative at a == L or |b| == L is the
+ * unclamped one, as TE's and torch.clamp's). A NaN is never clamped and counts as inside the
+ * clamp for the masks, so it propagates (TE's fminf would turn it into L; torch.clamp's gradient
+ * is 0 there). With alpha = 1.702, o = 0 and L = +inf it is QGEGLU.
  * The exponential and the sigmoid's divide are the backend's (CUDA: the special-function unit's
  * fast exp and divide), so the CUDA kernels match the CPU reference to a few fp32 ulps of each
  * term, not bit for bit.
@@ -47,11 +57,32 @@ typedef enum te_activation {
   TE_ACTIVATION_SWIGLU = 102,
   TE_ACTIVATION_QGEGLU = 103,
   TE_ACTIVATION_SREGLU = 104,
-  TE_ACTIVATION_GLU = 105
+  TE_ACTIVATION_GLU = 105,
+  TE_ACTIVATION_CLAMPED_SWIGLU = 106
 } te_activation;
 
+/* The parameters of the parameterized kinds (today CLAMPED_SWIGLU's: TE's LayerNormMLP
+ * activation_params); every other kind ignores them. Versioned as te_quant_config: a struct that
+ * will grow, read as far as the caller's struct_size reaches. NULL means all defaults. */
+typedef struct te_activation_config {
+  uint32_t struct_size;    /* sizeof(te_activation_config) as compiled by the caller */
+  float limit;             /* the clamp bound L: > 0 (+inf: no clamp); default 7 */
+  float alpha;             /* the sigmoid's gain: finite; default 1.702 */
+  float glu_linear_offset; /* added to the clamped linear half: finite; default 1 */
+} te_activation_config;
+
+static inline te_activation_config te_activation_config_init(void) {
+  te_activation_config c;
+  c.struct_size = (uint32_t)sizeof(te_activation_config);
+  c.limit = 7.0f;
+  c.alpha = 1.702f;
+  c.glu_linear_offset = 1.0f;
+  return c;
+}
+
 /* output = act(input). input [..., K] (K = 2N for gated kinds, else N); output [..., N].
- * `activation` is a te_activation; `config` (may be NULL) is read only for FP8 output. */
+ * `activation` is a te_activation; `config` (may be NULL) is read only for FP8 output.
+ * The parameterized kinds take te_activation_config's defaults (te_activation_fwd_v2 sets them). */
 TE_API te_status te_activation_fwd(const te_tensor* input, te_quantized_tensor* output,
                                    int32_t activation, const te_quant_config* config,
                                    void* stream);
@@ -62,6 +93,20 @@ TE_API te_status te_activation_fwd(const te_tensor* input, te_quantized_tensor* 
 TE_API te_status te_activation_bwd(const te_tensor* grad, const te_tensor* input,
                                    te_quantized_tensor* dx, te_tensor* dbias, int32_t activation,
                                    const te_quant_config* config, void* stream);
+
+/* te_activation_fwd / _bwd with the activation's parameters: `act_config` (may be NULL: the
+ * defaults) is read as far as its struct_size reaches (checked for every kind); its values are
+ * checked and used by the parameterized kinds and ignored by the others. With NULL these are
+ * te_activation_fwd / _bwd. (New entry points rather than a changed signature: programs built
+ * against te-core 0.1.0 keep calling the old ones.) */
+TE_API te_status te_activation_fwd_v2(const te_tensor* input, te_quantized_tensor* output,
+                                      int32_t activation, const te_activation_config* act_config,
+                                      const te_quant_config* config, void* stream);
+
+TE_API te_status te_activation_bwd_v2(const te_tensor* grad, const te_tensor* input,
+                                      te_quantized_tensor* dx, te_tensor* dbias,
+                                      int32_t activation, const te_activation_config* act_config,
+                                      const te_quant_config* config, void* stream);
 
 /* The bias gradient fused with the gradient's cast(-transpose): input [..., K] (fp32/fp16/bf16)
  * is quantized into `output` exactly as te_quantize does (FP8 only: PER_TENSOR with its optional

@@ -116,18 +116,22 @@ def norm_bwd(
     return dx, dgamma, (dbeta if with_dbeta and not rms else None)
 
 
-def activation_fwd(x: torch.Tensor, kind: int, quantizer: Quantizer | None = None):
+def activation_fwd(
+    x: torch.Tensor, kind: int, quantizer: Quantizer | None = None, params: tuple | None = None
+):
     """act(x) for te_activation ``kind``: x [..., K] -> [..., K] ([..., 2N] -> [..., N] for
-    gated kinds), x's dtype or ``quantizer``'s quantized tensor."""
+    gated kinds), x's dtype or ``quantizer``'s quantized tensor. ``params``: a parameterized
+    kind's (limit, alpha, glu_linear_offset) (te_core._ops.activation_params), None: defaults."""
     if _unfused(quantizer, x):
-        return quantizer._quantize(_fused_kernels.activation_fwd(x, kind, None, _F32)[0], x.dtype)
+        y32 = _fused_kernels.activation_fwd(x, kind, None, _F32, params)[0]
+        return quantizer._quantize(y32, x.dtype)
     shape = _fused_kernels.activation_out_shape(x.shape, kind)
     if is_eager(x):
         spec = None if quantizer is None else quantizer._fused_spec()
-        parts = _fused_kernels.activation_fwd(x, kind, spec, x.dtype)
+        parts = _fused_kernels.activation_fwd(x, kind, spec, x.dtype, params)
     else:
         a = _op_args(quantizer, x.dtype)
-        parts = _present(torch.ops.te.activation_fwd(x, a[0], a[1], kind, *a[2:]), quantizer)
+        parts = _present(torch.ops.te.activation_fwd(x, a[0], a[1], kind, *a[2:], params), quantizer)
     return _result(parts, quantizer, shape, x.dtype)
 
 
@@ -137,19 +141,21 @@ def activation_bwd(
     kind: int,
     quantizer: Quantizer | None = None,
     dbias_dtype: torch.dtype | None = None,
+    params: tuple | None = None,
 ):
     """(dx, dbias): the gradient through act at the pre-activation x [..., K] of grad (act's
     output shape). dx [..., K] has x's dtype or is ``quantizer``'s quantized tensor; dbias [K]
-    (``dbias_dtype``; None without) is the column sums of the fp32 dx."""
+    (``dbias_dtype``; None without) is the column sums of the fp32 dx. ``params`` as
+    activation_fwd's."""
     if _unfused(quantizer, x):
-        dx32, _, _, _, dbias = _fused_kernels.activation_bwd(grad, x, kind, None, _F32, dbias_dtype)
+        dx32, _, _, _, dbias = _fused_kernels.activation_bwd(grad, x, kind, None, _F32, dbias_dtype, params)
         return quantizer._quantize(dx32, x.dtype), dbias
     if is_eager(x) and is_eager(grad):
         spec = None if quantizer is None else quantizer._fused_spec()
-        *parts, dbias = _fused_kernels.activation_bwd(grad, x, kind, spec, x.dtype, dbias_dtype)
+        *parts, dbias = _fused_kernels.activation_bwd(grad, x, kind, spec, x.dtype, dbias_dtype, params)
     else:
         a = _op_args(quantizer, x.dtype)
-        *parts, dbias = torch.ops.te.activation_bwd(grad, x, a[0], a[1], kind, *a[2:], dbias_dtype)
+        *parts, dbias = torch.ops.te.activation_bwd(grad, x, a[0], a[1], kind, *a[2:], dbias_dtype, params)
         parts = _present(parts, quantizer)
         dbias = dbias if dbias_dtype is not None else None
     return _result(parts, quantizer, x.shape, x.dtype), dbias

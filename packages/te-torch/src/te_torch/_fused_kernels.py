@@ -55,6 +55,13 @@ def norm_config(eps: float, zero_centered_gamma: bool) -> _C.NormConfig:
     return _C.NormConfig(eps=eps, zero_centered_gamma=zero_centered_gamma)
 
 
+@functools.lru_cache(maxsize=64)
+def act_config(params: tuple[float, ...] | None) -> _C.ActivationConfig | None:
+    """A cached te_activation_config of te_core._ops.activation_params' tuple (limit, alpha,
+    glu_linear_offset); None for None (never mutate the result)."""
+    return None if params is None else _C.ActivationConfig(*params)
+
+
 def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
@@ -147,12 +154,17 @@ def activation_out_shape(shape: torch.Size, kind: int) -> torch.Size:
     return shape if kind < 100 else torch.Size((*shape[:-1], shape[-1] // 2))
 
 
-def activation_fwd(x: torch.Tensor, kind: int, q: QuantSpec | None, out_dtype: torch.dtype) -> tuple:
+def activation_fwd(
+    x: torch.Tensor, kind: int, q: QuantSpec | None, out_dtype: torch.dtype, params: tuple | None = None
+) -> tuple:
     """act(x) (te_activation ``kind``): x [..., K] -> [..., K] (gated: [..., 2N] -> [..., N]).
+    ``params``: a parameterized kind's (limit, alpha, glu_linear_offset), None for the defaults.
     Returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)."""
     x = _contiguous(x)
     parts, out = _output(activation_out_shape(x.shape, kind), x.device, q, out_dtype)
-    _C.activation_fwd_flat(spec(x), kind, *out, None if q is None else q.config, stream_of(x))
+    _C.activation_fwd_flat(
+        spec(x), kind, *out, None if q is None else q.config, stream_of(x), act_config(params)
+    )
     return parts
 
 
@@ -163,17 +175,20 @@ def activation_bwd(
     q: QuantSpec | None,
     out_dtype: torch.dtype,
     dbias_dtype: torch.dtype | None,
+    params: tuple | None = None,
 ) -> tuple:
     """dx = d act(x) . grad: grad [..., N], x the pre-activation [..., K]; dx [..., K] per
-    ``q``/``out_dtype``. Returns (rowwise_data, rowwise_scale_inv, columnwise_data,
-    columnwise_scale_inv, dbias): dbias [K] in ``dbias_dtype`` (the column sums of the fp32 dx,
-    the gradient of a bias added before the activation), None when ``dbias_dtype`` is None."""
+    ``q``/``out_dtype``; ``params`` as activation_fwd's. Returns (rowwise_data,
+    rowwise_scale_inv, columnwise_data, columnwise_scale_inv, dbias): dbias [K] in
+    ``dbias_dtype`` (the column sums of the fp32 dx, the gradient of a bias added before the
+    activation), None when ``dbias_dtype`` is None."""
     grad, x = _contiguous(grad), _contiguous(x)
     parts, out = _output(x.shape, x.device, q, out_dtype)
     dbias = None if dbias_dtype is None else _empty((x.shape[-1],), dtype=dbias_dtype, device=x.device)
     _C.activation_bwd_flat(
-        spec(grad), spec(x), kind, *out, spec(dbias), None if q is None else q.config, stream_of(x)
-    )
+        spec(grad), spec(x), kind, *out, spec(dbias), None if q is None else q.config, stream_of(x),
+        act_config(params),
+    )  # fmt: skip
     return (*parts, dbias)
 
 

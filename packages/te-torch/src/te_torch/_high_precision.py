@@ -134,22 +134,23 @@ def norm(x, gamma, beta, rms: bool, eps: float, zero_centered_gamma: bool) -> to
 
 
 class ActivationFn(torch.autograd.Function):
-    """act(x) through te's activation kernels (te_activation ``kind``), x's dtype."""
+    """act(x) through te's activation kernels (te_activation ``kind``, a parameterized kind's
+    ``params`` or None), x's dtype."""
 
     @staticmethod
-    def forward(ctx, x, kind: int):
+    def forward(ctx, x, kind: int, params: tuple | None):
         ctx.save_for_backward(x)
-        ctx.kind = kind
-        return _fused.activation_fwd(x, kind)
+        ctx.kind, ctx.params = kind, params
+        return _fused.activation_fwd(x, kind, None, params)
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        dx, _ = _fused.activation_bwd(dy, x, ctx.kind)
-        return dx, None
+        dx, _ = _fused.activation_bwd(dy, x, ctx.kind, None, None, ctx.params)
+        return dx, None, None
 
 
-def activation(x: torch.Tensor, kind: int) -> torch.Tensor:
+def activation(x: torch.Tensor, kind: int, params: tuple | None = None) -> torch.Tensor:
     if not torch.is_grad_enabled():
-        return _fused.activation_fwd(x, kind)
-    return ActivationFn.apply(x, kind)
+        return _fused.activation_fwd(x, kind, None, params)
+    return ActivationFn.apply(x, kind, params)

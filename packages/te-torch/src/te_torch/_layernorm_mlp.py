@@ -8,14 +8,16 @@ Eagerly each direction is one fused call into te-core (_layernorm_mlp_step).
 FC1 and FC2 each have their own recipe state (_gemm_state.GemmState), saved in ``_extra_state``
 as ``{"fc1": ..., "fc2": ...}``.
 
-Gated activations (``geglu``, ``reglu``, ``swiglu``, ``qgeglu``, ``sreglu``, ``glu``) double FC1's
-output: fc1_weight is [2 * ffn_hidden_size, hidden_size], its first half feeds the activation
-and its second half is the linear gate (TE's layout, so TE checkpoints keep their meaning).
+Gated activations (``geglu``, ``reglu``, ``swiglu``, ``qgeglu``, ``sreglu``, ``glu``,
+``clamped_swiglu``) double FC1's output: fc1_weight is [2 * ffn_hidden_size, hidden_size], its
+first half feeds the activation and its second half is the linear gate (TE's layout, so TE
+checkpoints keep their meaning).
 """
 
 from __future__ import annotations
 
 import torch
+from te_core import _ops
 from te_core._ops import ACTIVATIONS
 
 from te_torch import _autocast, _layernorm_mlp_step
@@ -24,6 +26,7 @@ from te_torch._fast_apply import raw_apply, wrapper_needed
 from te_torch._gemm_state import GemmState, check_dims
 from te_torch._high_precision import activation, linear, norm
 from te_torch._layernorm_mlp_fn import LayerNormMLPFn
+from te_torch._layernorm_mlp_recompute import LayerNormMLPRecomputeFn, recomputed_mlp
 from te_torch._linear import linear_step
 from te_torch._model_init import quantize_module_weights
 from te_torch._module_base import (
@@ -64,8 +67,6 @@ _NAMES = ", ".join(repr(n) for n in ACTIVATIONS)
 
 def activation_kind(owner: str, name) -> int:
     """TE's activation name -> te_activation."""
-    if name == "clamped_swiglu":
-        raise NotImplementedError(f"{owner}: activation='clamped_swiglu' is not implemented in te yet")
     if not isinstance(name, str) or name not in ACTIVATIONS:
         raise ValueError(f"{owner}: activation: expected one of {_NAMES}, got {name!r}")
     return ACTIVATIONS[name]
@@ -80,7 +81,11 @@ class LayerNormMLP(QuantizedModule, SplitModule):
             as ``te.LayerNormLinear`` (parameters ``layer_norm_weight``, ``layer_norm_bias``).
         activation: one of ``gelu`` (tanh approximation), ``relu``, ``silu``, ``qgelu``
             (x * sigmoid(1.702 x)), ``srelu`` (relu squared), and the gated ``geglu``, ``reglu``,
-            ``swiglu``, ``qgeglu``, ``sreglu``, ``glu`` (sigmoid gate), whose FC1 is twice as wide.
+            ``swiglu``, ``qgeglu``, ``sreglu``, ``glu`` (sigmoid gate), ``clamped_swiglu``
+            (GPT-OSS's, te/activation.h), whose FC1 is twice as wide.
+        activation_params: ``clamped_swiglu``'s ``{"limit": 7.0, "alpha": 1.702,
+            "glu_linear_offset": 1.0}`` (TE's names and defaults; any subset), None for the
+            defaults; other activations take none.
         bias: FC1 and FC2 biases (``fc1_bias``, ``fc2_bias``; zeros). Weights ``fc1_weight``
             [(2 *) ffn_hidden_size, hidden_size] and ``fc2_weight`` [hidden_size,
             ffn_hidden_size] start from ``init_method`` / ``output_layer_init_method`` (default
@@ -99,8 +104,10 @@ class LayerNormMLP(QuantizedModule, SplitModule):
             columns of ``fc2_weight``; ``fc2_bias`` whole, added after the sum), as Megatron's
             MLP; ``sequence_parallel`` all-gathers the norm output and reduce-scatters the
             output along dim 0. Split, the norm, GEMMs and activation run as separate steps.
-    Userbuffers, delayed wgrad, ``checkpoint`` (selective recompute) and ``clamped_swiglu`` are
-    not implemented yet (NotImplementedError).
+        checkpoint: selective recompute (te_torch._layernorm_mlp_recompute): FC1's output and
+            the activation's are not kept for backward, which runs FC1 and the activation again
+            (not FC2); the same outputs and gradients, bit for bit. Not with tensor parallelism.
+    Userbuffers and delayed wgrad are not implemented yet (NotImplementedError).
     """
 
     def __init__(
@@ -135,8 +142,10 @@ class LayerNormMLP(QuantizedModule, SplitModule):
     ) -> None:
         super().__init__()
         owner = "LayerNormMLP"
-        accepted = (*UNSUPPORTED_KWARGS, "checkpoint", "return_layernorm_output_gathered")
-        reject_kwargs(owner, {**kwargs, "checkpoint": checkpoint}, accepted)
+        accepted = (*UNSUPPORTED_KWARGS, "return_layernorm_output_gathered")
+        reject_kwargs(owner, kwargs, accepted)
+        if not isinstance(checkpoint, bool):
+            raise TypeError(f"{owner}: checkpoint: expected a bool, got {type(checkpoint).__name__}")
         check_size(owner, "hidden_size", hidden_size)
         check_size(owner, "ffn_hidden_size", ffn_hidden_size)
         check_init_method(owner, "init_method", init_method)
@@ -147,16 +156,25 @@ class LayerNormMLP(QuantizedModule, SplitModule):
         mode = "column" if set_parallel_mode else None
         mode, size = split_module(self, owner, tp_group, tp_size, mode, sequence_parallel, rng)
         self.set_parallel_mode = mode is not None
+        if checkpoint and self._tp is not None:
+            # the split path runs te.Linear's steps, which keep FC1's input only column-wise
+            raise NotImplementedError(
+                f"{owner}: checkpoint=True with tensor parallelism (set_parallel_mode=True, "
+                f"tp_size={size}) is not implemented in te yet; use checkpoint=False, or "
+                "te.checkpoint around the layer"
+            )
+        self.checkpoint = checkpoint
         ffn_local = ffn_hidden_size  # TE's size_per_partition
         if mode is not None:
             ffn_local = local_features(owner, "ffn_hidden_size", ffn_hidden_size, size, mode)
         self.eps = check_eps(owner, eps)
         self._rms = check_normalization(owner, normalization)
         self._kind = activation_kind(owner, activation)
-        if activation_params is not None:
-            raise NotImplementedError(
-                f"{owner}: activation_params is only used by clamped_swiglu, which te does not implement yet"
-            )
+        # (limit, alpha, glu_linear_offset) for clamped_swiglu, else None
+        self._act_params = _ops.activation_params(
+            activation, activation_params, f"{owner}: activation_params"
+        )
+        self.activation_params = activation_params
         params_dtype = check_params_dtype(owner, params_dtype)
         device = default_device() if device is None else torch.device(device)
         self.hidden_size, self.ffn_hidden_size, self.size_per_partition = (
@@ -243,19 +261,24 @@ class LayerNormMLP(QuantizedModule, SplitModule):
                 check_dims("LayerNormMLP", c1.recipe, c1.block, inp, self._features)
             ret_ln = self.return_layernorm_output
             grad = torch.is_grad_enabled()
+            recompute = grad and self.checkpoint  # op by op (te_torch._layernorm_mlp_recompute)
             direct = not grad and _layernorm_mlp_step.eager(c1, c2, ret_ln, inp)
             x = inp
             if not (grad or direct):
                 x, ln_w, ln_b, w1, b1, w2, gemm_b2 = detached(inp, ln_w, ln_b, w1, b1, w2, gemm_b2)
             n_pad = 0 if c1.block else pad_count(inp, w1, w2, any_rows=c1.per_tensor)
-            if n_pad and c1.per_tensor and _layernorm_mlp_step.runs(c1, c2, ret_ln, x, ln_w, ln_b, w1, b1):
-                n_pad = 0  # the fused step pads inside
+            if n_pad and c1.per_tensor and not recompute:
+                if _layernorm_mlp_step.runs(c1, c2, ret_ln, x, ln_w, ln_b, w1, b1):
+                    n_pad = 0  # the fused step pads inside
             x = pad(x, n_pad) if n_pad else x
-            cfg = (self._rms, self.eps, self.zero_centered_gamma, self._kind, ret_ln)
+            cfg = (self._rms, self.eps, self.zero_centered_gamma, self._kind, ret_ln, self._act_params)
             if direct:  # _layernorm_mlp_step.forward's ctx None
                 res = _layernorm_mlp_step.forward(
                     None, x, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, False, cfg
                 )
+            elif recompute:
+                args = (x, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, fuse, cfg)
+                res = LayerNormMLPRecomputeFn.apply(*args)
             else:
                 apply = LayerNormMLPFn.apply if wrapper_needed() else _APPLY
                 res = apply(x, ln_w, ln_b, w1, b1, w2, gemm_b2, c1, c2, is_first_microbatch, fuse, cfg)
@@ -268,10 +291,16 @@ class LayerNormMLP(QuantizedModule, SplitModule):
             ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
             if s.calibrating:
                 self._fc1.calibrate(ln_out, w1, s.recipe, s.group)
-            act = activation(linear(ln_out, w1, b1, fuse), self._kind)
-            if s.calibrating:
-                self._fc2.calibrate(act, w2, s.recipe, s.group)
-            out = linear(act, w2, gemm_b2, fuse)
+            if self.checkpoint and torch.is_grad_enabled():  # te_torch._layernorm_mlp_recompute
+                act_fn = (self._kind, self._act_params)
+                out, act = recomputed_mlp(ln_out, w1, b1, w2, gemm_b2, act_fn, fuse)
+                if s.calibrating:
+                    self._fc2.calibrate(act, w2, s.recipe, s.group)
+            else:
+                act = activation(linear(ln_out, w1, b1, fuse), self._kind, self._act_params)
+                if s.calibrating:
+                    self._fc2.calibrate(act, w2, s.recipe, s.group)
+                out = linear(act, w2, gemm_b2, fuse)
         return norm_module_outputs(self, out, b2, ln_out)
 
     @torch.compiler.disable
@@ -284,6 +313,7 @@ class LayerNormMLP(QuantizedModule, SplitModule):
         ln_w, ln_b = parameter(self, "layer_norm_weight"), parameter(self, "layer_norm_bias")
         ln_out = norm(inp, ln_w, ln_b, self._rms, self.eps, self.zero_centered_gamma)
         h = linear_step(owner, self._fc1, features, self._tp.column_input(ln_out), w1, b1, first, fuse)
-        out = linear_step(owner, self._fc2, features, activation(h, self._kind), w2, None, first, fuse)
+        a = activation(h, self._kind, self._act_params)
+        out = linear_step(owner, self._fc2, features, a, w2, None, first, fuse)
         out = self._tp.row_output(out, b2, self.return_bias)
         return norm_module_outputs(self, out, b2, ln_out)

@@ -37,11 +37,12 @@ from te_torch.functional import gemm, gemm_dgrad
 
 class LayerNormMLPFn(torch.autograd.Function):
     """(y) or (y, ln_out): see the module docstring. ``cfg`` = (rms, eps, zero_centered_gamma,
-    activation kind, return_layernorm_output)."""
+    activation kind, return_layernorm_output, the activation's params: te_core._ops.
+    activation_params' tuple or None)."""
 
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
-        rms, eps, zcg, kind, return_ln = cfg
+        rms, eps, zcg, kind, return_ln, act_params = cfg
         if _layernorm_mlp_step.runs(c1, c2, return_ln, inp, ln_w, ln_b, w1, b1):
             return _layernorm_mlp_step.forward(
                 ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad, cfg
@@ -62,7 +63,7 @@ class LayerNormMLPFn(torch.autograd.Function):
             lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, x1_q)
         w1q = c1.weight(w1, first, need_dln)
         h = gemm(lnq, w1q, bias=gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
-        aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2])
+        aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2], act_params)
         w2q = c2.weight(w2, first, need_dh)
         out = gemm(aq, w2q, bias=gemm_bias(b2, dtype), out_dtype=dtype, use_split_accumulator=c2.split[0])
         ctx.save_for_backward(
@@ -89,7 +90,7 @@ class LayerNormMLPFn(torch.autograd.Function):
         if ctx.packed:
             return _layernorm_mlp_step.backward(ctx, dy)
         c1, c2 = ctx.c
-        rms, _, zcg, kind, _ = ctx.cfg
+        rms, _, zcg, kind, _, act_params = ctx.cfg
         need_dx, need_dlnw, need_dlnb, need_dw1, need_db1, need_dw2, need_db2 = ctx.needs_input_grad[:7]
         need_dln = need_dx or need_dlnw or need_dlnb
         need_dh = need_dln or need_dw1 or need_db1
@@ -108,14 +109,14 @@ class LayerNormMLPFn(torch.autograd.Function):
                     if need_dln or need_dw1:
                         c1.register_backward()
                         g1q, db1 = _fused.activation_bwd(
-                            da, h, kind, c1.g_q[2 * need_dln + need_dw1], db1_dtype
+                            da, h, kind, c1.g_q[2 * need_dln + need_dw1], db1_dtype, act_params
                         )
                         if need_dw1:
                             dw1 = wgrad(c1, g1q, lnq, ctx.weights[0], ctx.fuse, ctx.w_dtypes[0])
                         if need_dln:
                             dln = gemm_dgrad(g1q, w1q, out_dtype=dy.dtype, use_split_accumulator=c1.split[1])
                     else:  # only FC1's bias needs a gradient
-                        _, db1 = _fused.activation_bwd(da, h, kind, None, db1_dtype)
+                        _, db1 = _fused.activation_bwd(da, h, kind, None, db1_dtype, act_params)
             elif need_db2:
                 db2 = column_sums(dy, ctx.b_dtypes[1])
         if d_ln_out is not None and need_dln:

@@ -29,7 +29,7 @@ import torch
 from te_core import _C
 
 from te_torch._dtypes import TE_DTYPE
-from te_torch._fused_kernels import activation_out_shape, norm_config
+from te_torch._fused_kernels import act_config, activation_out_shape, norm_config
 from te_torch._kernels import _raw_stream, give_tmp, packed, spec, take_tmp
 from te_torch._layernorm_linear_step import (
     contiguous,
@@ -94,13 +94,13 @@ class MlpPlan:
 
     __slots__ = (
         "device", "x_shape", "rows", "pad", "src_shape", "h_shape", "a_shape", "xq1", "xq2", "lr", "lc", "ar",
-        "ac", "w1", "w2", "hn", "sn", "out_shape", "dt", "norm", "fprop1", "fprop2", "bwd_key", "bwd",
+        "ac", "w1", "w2", "hn", "sn", "out_shape", "dt", "norm", "act", "fprop1", "fprop2", "bwd_key", "bwd",
     )  # fmt: skip
 
 
 def mlp_plan(c1, c2, key: tuple, inp, w1, w2, b1, b2, cfg: tuple, needs: tuple, fresh: bool) -> MlpPlan:
     """A new ``c1.plans[key]`` (see MlpPlan)."""
-    rms, eps, zcg, kind, _ = cfg
+    rms, eps, zcg, kind, _, act_params = cfg
     need_dln, need_dw1, need_dw2, need_dh = needs
     dev = inp.get_device()
     p = MlpPlan()
@@ -120,6 +120,7 @@ def mlp_plan(c1, c2, key: tuple, inp, w1, w2, b1, b2, cfg: tuple, needs: tuple, 
     p.out_shape = torch.Size((*inp.shape[:-1], w2.shape[0]))
     p.dt = TE_DTYPE[inp.dtype]
     p.norm = norm_config(eps, zcg)
+    p.act = act_config(act_params)
     p.fprop1, p.fprop2 = fprop_config(c1, b1), fprop_config(c2, b2)
     p.bwd_key = p.bwd = None
     return remember(c1, key, p)
@@ -129,7 +130,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
     """LayerNormMLPFn.forward, eagerly (see the module docstring). With ``ctx`` None, the
     module's forward under torch.no_grad(), called without an autograd Function (as
     _linear_step.forward)."""
-    rms, eps, zcg, kind, _ = cfg
+    rms, eps, zcg, kind, _, _ = cfg
     grad = ctx is not None
     need_dln = grad and (inp.requires_grad or ln_w.requires_grad or (ln_b is not None and ln_b.requires_grad))
     need_dw1, need_dw2 = grad and w1.requires_grad, grad and w2.requires_grad
@@ -179,7 +180,7 @@ def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: boo
         rms, (src.data_ptr(), p.dt, p.src_shape, dev), spec(ln_w), spec(ln_b), (xq1, tp, sp if lc else 0),
         mu, rsigma, p.norm, w1_fwd, spec(b1), h, p.fprop1, kind,
         (xq2, tp + lr + w1r, sp + lc + w1c if ac else 0), w2_fwd, spec(b2),
-        (out.data_ptr(), p.dt, p.out_shape, dev), p.fprop2, _raw_stream(dev) if dev >= 0 else 0,
+        (out.data_ptr(), p.dt, p.out_shape, dev), p.fprop2, _raw_stream(dev) if dev >= 0 else 0, p.act,
     )  # fmt: skip
     if ctx is None:
         return out
@@ -281,7 +282,7 @@ def backward(ctx, dy: torch.Tensor) -> tuple:
         g1 = (gp.g1q, ep + an if g1r else 0, ep + an + g1r if g1c else 0)
         fc1 = (g1, spec(db1), ctx.ln_bwd, w1_bwd, dln, dgrad1, dw1_spec, wgrad1)
     fc2 = (g2, spec(db2), ctx.a_bwd, w2_bwd, da, g2p.dgrad if need_dh else None, dw2_spec, wgrad2)
-    _bwd(fc2, ctx.kind, ctx.h, fc1, norm, stream)
+    _bwd(fc2, ctx.kind, ctx.h, fc1, norm, stream, p.act)
     give_tmp(dev, stream, tmp)
     release_saved(ctx)
     if fuse:

@@ -63,13 +63,15 @@ _lib.define(
     "norm_bwd(Tensor dz, Tensor x, Tensor? mu, Tensor rsigma, Tensor gamma, Tensor? add, bool rms, "
     "bool zero_centered_gamma, bool with_dbeta) -> (Tensor, Tensor, Tensor)"  # dx, dgamma, dbeta
 )
+# act_params: a parameterized activation's (limit, alpha, glu_linear_offset); None: defaults.
 _lib.define(
     "activation_fwd(Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, int activation, "
-    f"{_QUANT_ARGS}) -> (Tensor, Tensor, Tensor, Tensor)"
+    f"{_QUANT_ARGS}, float[]? act_params=None) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "activation_bwd(Tensor grad, Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, int activation, "
-    f"{_QUANT_ARGS}, ScalarType? dbias_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    f"{_QUANT_ARGS}, ScalarType? dbias_dtype, float[]? act_params=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "dbias_quantize(Tensor x, Tensor(a!)? amax, Tensor(b!)? scale, "
@@ -232,24 +234,35 @@ def _norm_bwd_fake(dz, x, mu, rsigma, gamma, add, rms, zcg, with_dbeta):
     return x.new_empty(x.shape), gamma.new_empty(gamma.shape), gamma.new_empty(dbeta_shape)
 
 
-def _act_fwd_kernel(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps):
+def _act_params(p) -> tuple | None:
+    return None if p is None else tuple(p)
+
+
+def _act_fwd_kernel(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, act_params=None):
     q = _spec(amax, scale, mode, out_dtype, row, col, cs, pow2, qeps)
-    return _op_parts(_fused_kernels.activation_fwd(x, kind, q, out_dtype), out_dtype, x.device)
+    parts = _fused_kernels.activation_fwd(x, kind, q, out_dtype, _act_params(act_params))
+    return _op_parts(parts, out_dtype, x.device)
 
 
-def _act_fwd_fake(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps):
+def _act_fwd_fake(x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, act_params=None):
     shape = _fused_kernels.activation_out_shape(x.shape, kind)
     return _fake_parts(x, shape, mode, out_dtype, row, col)
 
 
-def _act_bwd_kernel(grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+def _act_bwd_kernel(
+    grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype, act_params=None
+):
     q = _spec(amax, scale, mode, out_dtype, row, col, cs, pow2, qeps)
-    *parts, dbias = _fused_kernels.activation_bwd(grad, x, kind, q, out_dtype, dbias_dtype)
+    *parts, dbias = _fused_kernels.activation_bwd(
+        grad, x, kind, q, out_dtype, dbias_dtype, _act_params(act_params)
+    )
     dbias = dbias if dbias is not None else _absent(x.dtype, x.device)
     return (*_op_parts(parts, out_dtype, x.device), dbias)
 
 
-def _act_bwd_fake(grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype):
+def _act_bwd_fake(
+    grad, x, amax, scale, kind, mode, out_dtype, row, col, cs, pow2, qeps, dbias_dtype, act_params=None
+):
     dbias = x.new_empty(ABSENT_SHAPE if dbias_dtype is None else (x.shape[-1],), dtype=dbias_dtype or x.dtype)
     return (*_fake_parts(x, x.shape, mode, out_dtype, row, col), dbias)
 
