@@ -109,12 +109,19 @@ class Stack(nn.Module):
         return x
 
 
-def test_transformer_layer_decode_bf16_gpu_matches_fp32_cpu():
+def _stack_and_inputs(seed: int):
+    """The two-layer stack, bf16-exact inputs [2, LENGTH, HIDDEN] and parameters (fp32 values
+    that bf16 holds exactly, so both devices start from the same numbers)."""
     model = Stack()
-    x = _bf16_values(4, (2, LENGTH, HIDDEN))
+    x = _bf16_values(4 + seed, (2, LENGTH, HIDDEN))
     with jax.default_device(CPU):
-        params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.asarray(x))["params"])
+        params = nn.unbox(model.init(jax.random.PRNGKey(seed), jnp.asarray(x))["params"])
     params = jax.tree_util.tree_map(lambda a: np.asarray(jnp.asarray(a, BF16).astype(F32)), params)
+    return model, x, params
+
+
+def test_transformer_layer_decode_bf16_gpu_matches_fp32_cpu():
+    model, x, params = _stack_and_inputs(0)
 
     def f(params, x):
         full = model.apply({"params": params}, x)
@@ -147,11 +154,7 @@ def test_transformer_layer_decode_bf16_gpu_matches_fp32_cpu():
 def test_transformer_layer_chunked_decode_bf16_gpu_matches_fp32_cpu():
     """Steps of several tokens (3, 1, 2: a chunked prompt, then decoding) on the GPU in bf16
     against the same steps on the CPU in fp32, which equal the full forward (the CPU's own check)."""
-    model = Stack()
-    x = _bf16_values(5, (2, LENGTH, HIDDEN))
-    with jax.default_device(CPU):
-        params = nn.unbox(model.init(jax.random.PRNGKey(1), jnp.asarray(x))["params"])
-    params = jax.tree_util.tree_map(lambda a: np.asarray(jnp.asarray(a, BF16).astype(F32)), params)
+    model, x, params = _stack_and_inputs(1)
 
     def f(params, x):
         full = model.apply({"params": params}, x)

@@ -44,18 +44,36 @@ def _step(m, x, dy, recipe, fused):
     return out
 
 
+def _randomize(m) -> None:
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.normal_(
+                1.0 if name == "layer_norm_weight" else 0.0,
+                0.3 if "bias" in name or "layer_norm" in name else 0.05,
+            )
+
+
+def _assert_same_bits(got, want, step: int) -> None:
+    for k, (u, v) in enumerate(zip(got, want, strict=True)):
+        assert u is not None and u.device.type == CUDA.type and u.dtype == v.dtype, k
+        assert torch.equal(u, v), (step, k, (u.float() - v.float()).abs().max().item())
+
+
+def _assert_same_scaling_state(a, b) -> None:
+    for ga, gb in zip(a._gemms.values(), b._gemms.values(), strict=True):
+        for sa, sb in ((ga.fwd, gb.fwd), (ga.bwd, gb.bwd)):
+            if sa is not None:
+                assert torch.equal(sa.amax_history, sb.amax_history)
+                assert torch.equal(sa.scale, sb.scale)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("module", list(MODULES))
 def test_fused_step_matches_op_by_op_on_cuda(module, recipe_name, dtype):
     torch.manual_seed(0)
     a = MODULES[module](dtype)
-    with torch.no_grad():
-        for name, p in a.named_parameters():
-            p.normal_(
-                1.0 if name == "layer_norm_weight" else 0.0,
-                0.3 if "bias" in name or "layer_norm" in name else 0.05,
-            )
+    _randomize(a)
     b = copy.deepcopy(a)
     recipe = RECIPES[recipe_name]()
     # 400 tokens: cuBLASLt's FP8 GEMMs need every dimension a multiple of 16 (wgrad reduces over
@@ -65,14 +83,8 @@ def test_fused_step_matches_op_by_op_on_cuda(module, recipe_name, dtype):
         x = (torch.randn(5, 80, 256, generator=g) * 2 + 0.5).to(dtype).to(CUDA)
         dy = torch.randn(5, 80, 384 if "Linear" in module else 256, generator=g).to(dtype).to(CUDA)
         got, want = _step(a, x, dy, recipe, True), _step(b, x, dy, recipe, False)
-        for k, (u, v) in enumerate(zip(got, want, strict=True)):
-            assert u is not None and u.device.type == CUDA.type and u.dtype == v.dtype, k
-            assert torch.equal(u, v), (i, k, (u.float() - v.float()).abs().max().item())
-    for ga, gb in zip(a._gemms.values(), b._gemms.values(), strict=True):
-        for sa, sb in ((ga.fwd, gb.fwd), (ga.bwd, gb.bwd)):
-            if sa is not None:
-                assert torch.equal(sa.amax_history, sb.amax_history)
-                assert torch.equal(sa.scale, sb.scale)
+        _assert_same_bits(got, want, i)
+    _assert_same_scaling_state(a, b)
 
 
 # LayerNormMLP(checkpoint=True) (selective recompute: FC1 and the activation run again in
@@ -104,12 +116,7 @@ def _ckpt_step(m, x, dy, recipe, seed):
 def test_layernorm_mlp_checkpoint_matches_plain_on_cuda(recipe_name, act):
     torch.manual_seed(0)
     a = te.LayerNormMLP(256, 512, activation=act, params_dtype=torch.bfloat16, device=CUDA)
-    with torch.no_grad():
-        for name, p in a.named_parameters():
-            p.normal_(
-                1.0 if name == "layer_norm_weight" else 0.0,
-                0.3 if "bias" in name or "layer_norm" in name else 0.05,
-            )
+    _randomize(a)
     b = te.LayerNormMLP(256, 512, activation=act, params_dtype=torch.bfloat16, device=CUDA, checkpoint=True)
     b.load_state_dict(a.state_dict())
     make = CHECKPOINT_RECIPES[recipe_name]
@@ -119,11 +126,5 @@ def test_layernorm_mlp_checkpoint_matches_plain_on_cuda(recipe_name, act):
         x = (torch.randn(4, 96, 256, generator=g) * 2 + 0.5).to(torch.bfloat16).to(CUDA)
         dy = torch.randn(4, 96, 256, generator=g).to(torch.bfloat16).to(CUDA)
         got, want = _ckpt_step(b, x, dy, recipe, 10 * i), _ckpt_step(a, x, dy, recipe, 10 * i)
-        for k, (u, v) in enumerate(zip(got, want, strict=True)):
-            assert u is not None and u.device.type == CUDA.type and u.dtype == v.dtype, k
-            assert torch.equal(u, v), (i, k, (u.float() - v.float()).abs().max().item())
-    for ga, gb in zip(a._gemms.values(), b._gemms.values(), strict=True):
-        for sa, sb in ((ga.fwd, gb.fwd), (ga.bwd, gb.bwd)):
-            if sa is not None:
-                assert torch.equal(sa.amax_history, sb.amax_history)
-                assert torch.equal(sa.scale, sb.scale)
+        _assert_same_bits(got, want, i)
+    _assert_same_scaling_state(a, b)

@@ -69,26 +69,35 @@ def generate(layers, params, tokens, recipe, dtype, device):
     return {i: torch.cat(o) for i, o in outs.items()}
 
 
+def on_gpu_and_cpu(run, tokens, recipe: str, paged: bool, pages: int):
+    """run(layers, params, tokens, recipe, dtype, device) on the GPU in bf16 and on the CPU in
+    fp32, the same weights (pages of 4 positions when ``paged``)."""
+    cpu_layers = stack("cpu")
+    gpu_layers = stack("cuda")
+    gpu_layers.load_state_dict(cpu_layers.state_dict())
+    gpu_layers.to(torch.bfloat16)
+    paging = {"is_paged": True, "total_num_pages": pages, "page_size": 4} if paged else {}
+    rec = te.recipe.Float8CurrentScaling() if recipe == "current" else None
+    return tuple(
+        run(
+            layers,
+            te.InferenceParams(4, 32, GROUPS, H // HEADS, dtype, device=dev, **paging),
+            tokens,
+            rec,
+            dtype,
+            dev,
+        )
+        for layers, dtype, dev in ((gpu_layers, torch.bfloat16, "cuda"), (cpu_layers, torch.float32, "cpu"))
+    )
+
+
 @pytest.mark.parametrize("recipe", list(TOL))
 @pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
 def test_generation_matches_cpu(recipe, paged):
     torch.manual_seed(0)
     tokens = [torch.randn(n + NEW, H) for n in (*PROMPTS, 3)]
     tokens[1] = tokens[1][: PROMPTS[1]]
-    cpu_layers = stack("cpu")
-    gpu_layers = stack("cuda")
-    gpu_layers.load_state_dict(cpu_layers.state_dict())
-    gpu_layers.to(torch.bfloat16)
-    paging = {"is_paged": True, "total_num_pages": 12, "page_size": 4} if paged else {}
-    rec = te.recipe.Float8CurrentScaling() if recipe == "current" else None
-    got = generate(
-        gpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.bfloat16, device="cuda", **paging),
-        tokens, rec, torch.bfloat16, "cuda",
-    )  # fmt: skip
-    ref = generate(
-        cpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.float32, device="cpu", **paging),
-        tokens, rec, torch.float32, "cpu",
-    )  # fmt: skip
+    got, ref = on_gpu_and_cpu(generate, tokens, recipe, paged, pages=12)
     assert got.keys() == ref.keys()
     for i in ref:
         assert got[i].shape == ref[i].shape
@@ -117,20 +126,7 @@ def generate_static(layers, params, tokens, recipe, dtype, device):
 def test_static_batch_generation_matches_cpu(recipe, paged):
     torch.manual_seed(1)
     tokens = [torch.randn(12, H) for _ in range(4)]
-    cpu_layers = stack("cpu")
-    gpu_layers = stack("cuda")
-    gpu_layers.load_state_dict(cpu_layers.state_dict())
-    gpu_layers.to(torch.bfloat16)
-    paging = {"is_paged": True, "total_num_pages": 16, "page_size": 4} if paged else {}
-    rec = te.recipe.Float8CurrentScaling() if recipe == "current" else None
-    got = generate_static(
-        gpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.bfloat16, device="cuda", **paging),
-        tokens, rec, torch.bfloat16, "cuda",
-    )  # fmt: skip
-    ref = generate_static(
-        cpu_layers, te.InferenceParams(4, 32, GROUPS, H // HEADS, torch.float32, device="cpu", **paging),
-        tokens, rec, torch.float32, "cpu",
-    )  # fmt: skip
+    got, ref = on_gpu_and_cpu(generate_static, tokens, recipe, paged, pages=16)
     assert got.shape == ref.shape == (4, 12, H)
     for i in range(4):
         assert relerr(got[i], ref[i]) < TOL[recipe], (i, relerr(got[i], ref[i]))

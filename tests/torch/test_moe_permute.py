@@ -890,7 +890,7 @@ def _pad_errors():
         (
             lambda: PP(x, probs, mask, counts[:2], 4),
             ValueError,
-            rf"{owner}: tokens_per_expert: expected shape \[3\] \(one count per expert, routing_map.sum\(0\)\), got \(2,\)",
+            rf"{owner}: tokens_per_expert: expected shape \[3\] \(one per expert, routing_map.sum\(0\)\), got \(2,\)",
         ),
         (
             lambda: PP(x, probs, mask, counts[None], 4),
@@ -929,7 +929,7 @@ def _pad_errors():
         (
             lambda: U(out, row_id_map, pad_offsets=pad_offsets[:2]),
             ValueError,
-            r"moe_unpermute: pad_offsets: expected shape \[3\] \(one offset per expert, row_id_map's columns\), got \(2,\)",
+            r"moe_unpermute: pad_offsets: expected shape \[3\] \(one per expert, moe_permute_and_pad_with_probs.s\), got \(2,\)",
         ),
         (
             lambda: U(out, row_id_map, pad_offsets=pad_offsets.float()),

@@ -35,6 +35,47 @@ from te_torch._linear_step import gemm_bias
 from te_torch.functional import gemm, gemm_dgrad
 
 
+def needs(inp, ln_w, ln_b, w1, b1, w2) -> tuple[bool, bool, bool, bool]:
+    """(need_dln, need_dw1, need_dh, need_dw2) of an op-by-op step."""
+    need_dln = any_requires_grad(inp, ln_w, ln_b)
+    need_dw1 = w1.requires_grad
+    # FC1's grad-output exists when anything below the activation needs a gradient.
+    need_dh = need_dln or need_dw1 or any_requires_grad(b1)
+    return need_dln, need_dw1, need_dh, w2.requires_grad
+
+
+def op_by_op_forward(
+    inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, cfg, need_dln, need_dw1, need_dh, need_dw2
+):
+    """The op-by-op forward's calls: (out, ln_out or None, mu, rsigma, lnq, w1q, h, aq, w2q),
+    the quantized copies made with what backward will need (``need_*``, from ``needs``)."""
+    rms, eps, zcg, kind, return_ln, act_params = cfg
+    dtype = inp.dtype
+    x1_q = c1.x_q[2 + need_dw1]
+    ln_out = None
+    if return_ln:
+        ln_out, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg)
+        lnq = x1_q(ln_out)
+    else:
+        lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, x1_q)
+    w1q = c1.weight(w1, first, need_dln)
+    h = gemm(lnq, w1q, bias=gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
+    aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2], act_params)
+    w2q = c2.weight(w2, first, need_dh)
+    out = gemm(aq, w2q, bias=gemm_bias(b2, dtype), out_dtype=dtype, use_split_accumulator=c2.split[0])
+    return out, ln_out, mu, rsigma, lnq, w1q, h, aq, w2q
+
+
+def keep_config(ctx, c1, c2, fuse_wgrad, cfg, w1, b1, w2, b2, ln_b) -> None:
+    """What the op-by-op backward reads from ctx besides its saved tensors."""
+    ctx.set_materialize_grads(False)
+    ctx.c, ctx.fuse, ctx.cfg = (c1, c2), fuse_wgrad, cfg
+    ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
+    ctx.w_dtypes = (w1.dtype, w2.dtype)
+    ctx.b_dtypes = (None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
+    ctx.has_ln_bias = ln_b is not None
+
+
 class LayerNormMLPFn(torch.autograd.Function):
     """(y) or (y, ln_out): see the module docstring. ``cfg`` = (rms, eps, zero_centered_gamma,
     activation kind, return_layernorm_output, the activation's params: te_core._ops.
@@ -48,24 +89,10 @@ class LayerNormMLPFn(torch.autograd.Function):
                 ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad, cfg
             )
         ctx.packed = False
-        need_dln = any_requires_grad(inp, ln_w, ln_b)
-        need_dw1 = w1.requires_grad
-        # FC1's grad-output exists when anything below the activation needs a gradient.
-        need_dh = need_dln or need_dw1 or any_requires_grad(b1)
-        need_dw2 = w2.requires_grad
-        dtype = inp.dtype
-        x1_q = c1.x_q[2 + need_dw1]
-        ln_out = None
-        if return_ln:
-            ln_out, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg)
-            lnq = x1_q(ln_out)
-        else:
-            lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, x1_q)
-        w1q = c1.weight(w1, first, need_dln)
-        h = gemm(lnq, w1q, bias=gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
-        aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2], act_params)
-        w2q = c2.weight(w2, first, need_dh)
-        out = gemm(aq, w2q, bias=gemm_bias(b2, dtype), out_dtype=dtype, use_split_accumulator=c2.split[0])
+        need_dln, need_dw1, need_dh, need_dw2 = needs(inp, ln_w, ln_b, w1, b1, w2)
+        out, ln_out, mu, rsigma, lnq, w1q, h, aq, w2q = op_by_op_forward(
+            inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, cfg, need_dln, need_dw1, need_dh, need_dw2
+        )
         ctx.save_for_backward(
             inp if need_dln else None,
             ln_w if need_dln else None,
@@ -77,12 +104,7 @@ class LayerNormMLPFn(torch.autograd.Function):
             aq if need_dw2 else None,
             w2q if need_dh else None,
         )
-        ctx.set_materialize_grads(False)
-        ctx.c, ctx.fuse, ctx.cfg = (c1, c2), fuse_wgrad, cfg
-        ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
-        ctx.w_dtypes = (w1.dtype, w2.dtype)
-        ctx.b_dtypes = (None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
-        ctx.has_ln_bias = ln_b is not None
+        keep_config(ctx, c1, c2, fuse_wgrad, cfg, w1, b1, w2, b2, ln_b)
         return (out, ln_out) if return_ln else out
 
     @staticmethod

@@ -43,8 +43,7 @@ import torch
 
 from te_torch import _fused
 from te_torch._high_precision import activation, linear
-from te_torch._layernorm_mlp_fn import LayerNormMLPFn
-from te_torch._linear_fn import any_requires_grad
+from te_torch._layernorm_mlp_fn import LayerNormMLPFn, keep_config, needs, op_by_op_forward
 from te_torch._linear_step import gemm_bias
 from te_torch.functional import gemm
 
@@ -73,25 +72,11 @@ class LayerNormMLPRecomputeFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, fuse_wgrad: bool, cfg: tuple):
-        rms, eps, zcg, kind, return_ln, act_params = cfg  # LayerNormMLPFn's
-        need_dln = any_requires_grad(inp, ln_w, ln_b)
-        need_dw1 = w1.requires_grad
-        need_dh = need_dln or need_dw1 or any_requires_grad(b1)
-        need_dw2 = w2.requires_grad
+        need_dln, need_dw1, need_dh, need_dw2 = needs(inp, ln_w, ln_b, w1, b1, w2)
         recompute = need_dh or need_dw2  # backward reads h (act backward) or aq (FC2's wgrad)
-        dtype = inp.dtype
-        x1_q = c1.x_q[2 + need_dw1]
-        ln_out = None
-        if return_ln:
-            ln_out, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg)
-            lnq = x1_q(ln_out)
-        else:
-            lnq, mu, rsigma = _fused.norm_fwd(inp, ln_w, ln_b, rms, eps, zcg, x1_q)
-        w1q = c1.weight(w1, first, need_dln)
-        h = gemm(lnq, w1q, bias=gemm_bias(b1, dtype), out_dtype=dtype, use_split_accumulator=c1.split[0])
-        aq = _fused.activation_fwd(h, kind, c2.x_q[2 + need_dw2], act_params)
-        w2q = c2.weight(w2, first, need_dh)
-        out = gemm(aq, w2q, bias=gemm_bias(b2, dtype), out_dtype=dtype, use_split_accumulator=c2.split[0])
+        out, ln_out, mu, rsigma, lnq, w1q, _, _, w2q = op_by_op_forward(
+            inp, ln_w, ln_b, w1, b1, w2, b2, c1, c2, first, cfg, need_dln, need_dw1, need_dh, need_dw2
+        )
         ctx.save_for_backward(
             inp if need_dln else None,
             ln_w if need_dln else None,
@@ -104,13 +89,9 @@ class LayerNormMLPRecomputeFn(torch.autograd.Function):
         )
         # DelayedScaling: the scale aq was quantized with, for its recompute (see the docstring)
         ctx.scale2 = c2.fwd.scale_of(0).clone() if c2.delayed and need_dw2 else None
-        ctx.set_materialize_grads(False)
-        ctx.c, ctx.fuse, ctx.cfg, ctx.dtype = (c1, c2), fuse_wgrad, cfg, dtype
-        ctx.weights = (w1, w2) if fuse_wgrad else (None, None)
-        ctx.w_dtypes = (w1.dtype, w2.dtype)
-        ctx.b_dtypes = (None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
-        ctx.has_ln_bias = ln_b is not None
-        return (out, ln_out) if return_ln else out
+        keep_config(ctx, c1, c2, fuse_wgrad, cfg, w1, b1, w2, b2, ln_b)
+        ctx.dtype = inp.dtype
+        return (out, ln_out) if cfg[4] else out
 
     @staticmethod
     def backward(ctx, dy, d_ln_out=None):

@@ -565,17 +565,7 @@ def moe_permute_and_pad_with_probs(
     routing_map = _check_routing_map(owner, routing_map, inp.shape[0], inp.device, "mask")
     _check_probs(owner, "probs", probs, tuple(routing_map.shape), inp.device, "routing_map's shape")
     _tensor(owner, "tokens_per_expert", tokens_per_expert)
-    dt = tokens_per_expert.dtype
-    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
-        raise TypeError(
-            f"{owner}: tokens_per_expert: expected an integer tensor (routing_map.sum(0)), got {dt}"
-        )
-    num_experts = routing_map.shape[1]
-    if tuple(tokens_per_expert.shape) != (num_experts,):
-        raise ValueError(
-            f"{owner}: tokens_per_expert: expected shape [{num_experts}] (one count per expert, "
-            f"routing_map.sum(0)), got {tuple(tokens_per_expert.shape)}"
-        )
+    _per_expert(owner, "tokens_per_expert", tokens_per_expert, routing_map.shape[1], "routing_map.sum(0)")
     align = _int(owner, "align_size", align_size, "the row multiple of each expert's group")
     if align < 1:
         raise ValueError(
@@ -589,6 +579,17 @@ def moe_permute_and_pad_with_probs(
     return out, permuted_probs, row_id_map, pad_offsets, target
 
 
+def _per_expert(owner: str, arg: str, t: torch.Tensor, num_experts: int, what: str) -> None:
+    """``t`` an integer tensor [num_experts] (``what``: where it comes from)."""
+    dt = t.dtype
+    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        raise TypeError(f"{owner}: {arg}: expected an integer tensor ({what}), got {dt}")
+    if tuple(t.shape) != (num_experts,):
+        raise ValueError(
+            f"{owner}: {arg}: expected shape [{num_experts}] (one per expert, {what}), got {tuple(t.shape)}"
+        )
+
+
 def _padded_rows(owner, row_id_map, pad_offsets, device, map_type: str) -> torch.Tensor:
     """row_id_map with each kept slot's row moved down by its expert's pad offset."""
     _tensor(owner, "pad_offsets", pad_offsets, device)
@@ -597,17 +598,7 @@ def _padded_rows(owner, row_id_map, pad_offsets, device, map_type: str) -> torch
             f"{owner}: pad_offsets: expected None with map_type='index' (moe_permute_and_pad_with_probs "
             "pads mask-map permutations only)"
         )
-    dt = pad_offsets.dtype
-    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
-        raise TypeError(
-            f"{owner}: pad_offsets: expected an integer tensor (moe_permute_and_pad_with_probs's), got {dt}"
-        )
-    num_experts = row_id_map.shape[1]
-    if tuple(pad_offsets.shape) != (num_experts,):
-        raise ValueError(
-            f"{owner}: pad_offsets: expected shape [{num_experts}] (one offset per expert, row_id_map's "
-            f"columns), got {tuple(pad_offsets.shape)}"
-        )
+    _per_expert(owner, "pad_offsets", pad_offsets, row_id_map.shape[1], "moe_permute_and_pad_with_probs's")
     if _host_values(pad_offsets) and pad_offsets.numel() and int(pad_offsets.min()) < 0:
         raise ValueError(f"{owner}: pad_offsets: expected offsets >= 0, got {int(pad_offsets.min())}")
     return torch.where(row_id_map >= 0, row_id_map.long() + pad_offsets.long(), -1)
