@@ -125,10 +125,8 @@ class _Manager(KVCacheManager):
         self._copy_index = {}
         self._checked = set()
         # Every sequence at the same length taking the same number of tokens (a static batch's
-        # decode step): the new tokens are one slice of the cache, written without indices.
-        same = self._pre.count(self._pre[0]) == len(self._pre) and self._steps.count(self._steps[0]) == len(
-            self._steps
-        )
+        # decode step): a non-paged cache takes the new tokens as one slice, without indices.
+        same = len(set(self._pre)) == 1 and len(set(self._steps)) == 1
         self._start = self._pre[0] if same else None
 
     def _dst(self, batch: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -522,8 +520,7 @@ class InferenceParams:
         steps = list(step_dict.values())
         lens = list(self.sequences.values())
         self.max_seqlen_q, self.max_seqlen_kv = max(steps), max(lens)
-        pres = list(pre.values())
-        self._uniform = steps.count(steps[0]) == b and pres.count(pres[0]) == b
+        self._uniform = len(set(steps)) == 1 and len(set(pre.values())) == 1
         host = torch.zeros(3, self.max_batch_size + 1, dtype=torch.long)
         host[0, 1 : b + 1] = torch.tensor(steps).cumsum(0)
         host[1, 1 : b + 1] = torch.tensor(lens).cumsum(0)
