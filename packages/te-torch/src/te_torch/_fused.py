@@ -70,11 +70,13 @@ def norm_fwd(
     eps: float,
     zero_centered_gamma: bool,
     quantizer: Quantizer | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor | QuantizedTensor, torch.Tensor | None, torch.Tensor]:
     """(y, mu, rsigma): LayerNorm (RMSNorm if ``rms``) of x [..., H] over its last dim.
 
     y [..., H] has x's dtype, or is ``quantizer``'s quantized tensor of it; mu (None for
-    RMSNorm) and rsigma are fp32 [M], M = numel / H, what norm_bwd needs."""
+    RMSNorm) and rsigma are fp32 [M], M = numel / H, what norm_bwd needs. ``stats`` False
+    (inference): eager calls skip mu and rsigma (None), traced ones may return them."""
     if _unfused(quantizer, x):
         y32, _, _, _, mu, rsigma = _fused_kernels.norm_fwd(
             x, gamma, beta, rms, eps, zero_centered_gamma, None, _F32
@@ -83,7 +85,7 @@ def norm_fwd(
     if is_eager(x):
         spec = None if quantizer is None else quantizer._fused_spec()
         rd, rs, cd, cs, mu, rsigma = _fused_kernels.norm_fwd(
-            x, gamma, beta, rms, eps, zero_centered_gamma, spec, x.dtype
+            x, gamma, beta, rms, eps, zero_centered_gamma, spec, x.dtype, stats
         )
         parts = (rd, rs, cd, cs)
     else:

@@ -101,19 +101,20 @@ def norm_fwd(
     zero_centered_gamma: bool,
     q: QuantSpec | None,
     out_dtype: torch.dtype,
+    stats: bool = True,
 ) -> tuple:
     """LayerNorm (``rms`` False) or RMSNorm over the last dim of x [..., H] (te/normalization.h).
 
     gamma, beta: [H] (beta None: no bias; RMSNorm takes none). Returns
     (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv, mu, rsigma): the
     output y [..., H] per ``q``/``out_dtype``, mu (LayerNorm; None for RMSNorm) and rsigma fp32
-    [M], M = numel / H."""
+    [M], M = numel / H; both None without ``stats`` (inference: the kernel writes none)."""
     x, gamma, beta = _contiguous(x), _contiguous(gamma), _contiguous(beta)
     device = x.device
     parts, out = _output(x.shape, device, q, out_dtype)
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    rsigma = _empty((rows,), dtype=torch.float32, device=device)
-    mu = None if rms else _empty((rows,), dtype=torch.float32, device=device)
+    rsigma = _empty((rows,), dtype=torch.float32, device=device) if stats else None
+    mu = None if rms or not stats else _empty((rows,), dtype=torch.float32, device=device)
     _C.norm_fwd_flat(
         rms, spec(x), spec(gamma), spec(beta), *out, spec(mu), spec(rsigma),
         norm_config(eps, zero_centered_gamma), None if q is None else q.config, stream_of(x),

@@ -128,8 +128,8 @@ class NormFn(torch.autograd.Function):
 
 
 def norm(x, gamma, beta, rms: bool, eps: float, zero_centered_gamma: bool) -> torch.Tensor:
-    if not torch.is_grad_enabled():  # inference: the kernel alone (an autograd Function costs ~10 us)
-        return _fused.norm_fwd(x, gamma, beta, rms, eps, zero_centered_gamma)[0]
+    if not torch.is_grad_enabled():  # inference: the kernel alone, no autograd Function or statistics
+        return _fused.norm_fwd(x, gamma, beta, rms, eps, zero_centered_gamma, stats=False)[0]
     return NormFn.apply(x, gamma, beta, rms, eps, zero_centered_gamma)
 
 
